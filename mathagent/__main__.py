@@ -1,0 +1,3 @@
+from mathagent.cli import app
+
+app(prog_name="mathagent")

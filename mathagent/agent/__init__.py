@@ -1,0 +1,1 @@
+"""Tool-integrated reasoning: prompts, code-tag formats, the loop, answer extraction, /solve."""

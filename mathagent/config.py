@@ -1,0 +1,99 @@
+"""Every knob of mathagent, defined once.
+
+Values come from (in order of precedence) explicit arguments, ``MATHAGENT_*`` environment
+variables, and the defaults below. Nested sections use ``__`` in the variable name, e.g.
+``MATHAGENT_SANDBOX__POOL_SIZE=8``. Build a :class:`Settings` once at the edge (CLI, app factory)
+and pass the relevant section down explicitly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+# Contract ports (DESIGN.md): the embedded server sits where trtllm-serve would.
+ENGINE_PORT = 8000
+SANDBOX_PORT = 6000
+API_PORT = 8080
+
+
+class EngineSettings(BaseModel):
+    """The embedded PyTorch engine."""
+
+    device: str = Field("auto", description="'auto', 'cpu' or 'cuda[:N]'")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    max_batch_size: int = Field(8, ge=1, le=1024, description="KV-cache slots")
+    max_seq_len: int = Field(4096, ge=64, description="context length per slot")
+    speculative: str = Field("none", description="none | ngram | draft:PATH | redrafter:PATH")
+    draft_len: int = Field(3, ge=1, le=16)
+    eager: bool = Field(True, description="skip torch.compile / CUDA graphs")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch default")
+
+
+class SandboxSettings(BaseModel):
+    """The Docker sandbox: image, warm pool and per-container limits."""
+
+    image: str = "mathagent-sandbox"
+    pool_size: int = Field(4, ge=0, le=256, description="warm containers kept ready")
+    max_sessions: int = Field(64, ge=1, description="concurrent sessions (containers) at most")
+    memory_mb: int = Field(512, ge=32)
+    pids_limit: int = Field(64, ge=8)
+    cpus: float = Field(1.0, gt=0)
+    tmpfs_mb: int = Field(64, ge=1)
+    idle_timeout_s: float = Field(300.0, gt=0, description="a session unused this long is closed")
+    timeout_s: float = Field(10.0, gt=0, description="default per-cell time limit")
+    max_output_chars: int = Field(1000, ge=1, description="default output cap per stream")
+    max_request_bytes: int = Field(1_000_000, ge=1024)
+
+
+class AgentSettings(BaseModel):
+    """The tool-integrated reasoning loop."""
+
+    prompt_format: str = Field("auto", description="auto | openmath | qwen | gpt-oss | fewshot")
+    max_tool_calls: int = Field(8, ge=0)
+    code_timeout_s: float = Field(10.0, gt=0)
+    max_output_chars: int = Field(1000, ge=1)
+    max_tokens: int = Field(2048, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    samples: int = Field(1, ge=1)
+    wall_time_s: float = Field(600.0, gt=0)
+    request_timeout_s: float = Field(300.0, gt=0)
+    retries: int = Field(3, ge=0)
+
+
+class Settings(BaseSettings):
+    """All configuration, read from ``MATHAGENT_*`` environment variables."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="MATHAGENT_", env_nested_delimiter="__", extra="ignore"
+    )
+
+    base_url: str | None = Field(
+        None, description="OpenAI-compatible endpoint; unset = start the embedded engine"
+    )
+    model: str | None = Field(
+        None, description="model name at base_url, or a model path for the embedded engine"
+    )
+    llm_api_key: str = Field("EMPTY", description="API key sent to base_url")
+    sandbox_url: str | None = Field(
+        None, description="sandbox service URL; unset = in-process container pool"
+    )
+    api_key: str | None = Field(None, description="bearer token required by the /solve API")
+    host: str = Field("127.0.0.1", description="bind address of the services")
+    cache_dir: Path = Field(Path.home() / ".cache" / "mathagent")
+    data_dir: Path | None = Field(None, description="folder of <name>.jsonl datasets")
+
+    engine: EngineSettings = EngineSettings()
+    sandbox: SandboxSettings = SandboxSettings()
+    agent: AgentSettings = AgentSettings()
+
+    @property
+    def model_dir(self) -> Path:
+        """Where fetched and converted models live."""
+        return self.cache_dir / "models"

@@ -1,0 +1,1 @@
+"""Datasets, grading, the batch runner, metrics, speed comparisons and reports."""

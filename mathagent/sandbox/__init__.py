@@ -1,0 +1,1 @@
+"""Locked-down Docker sandbox: image, warm pool, in-container worker, HTTP service, client."""

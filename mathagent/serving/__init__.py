@@ -1,0 +1,1 @@
+"""Engines behind one OpenAI-compatible surface: the embedded engine and external launchers."""

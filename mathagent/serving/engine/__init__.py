@@ -1,0 +1,1 @@
+"""The embedded PyTorch engine: model, KV cache, scheduler, speculative decoding."""
