@@ -1,0 +1,54 @@
+"""What one solve returns: typed records shared by the CLI, the /solve API and evals."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class ToolCall(BaseModel):
+    """One code execution inside a generation."""
+
+    code: str
+    status: str = Field(description="sandbox status: completed | error | timeout | memory_limit")
+    stdout: str = ""
+    stderr: str = ""
+    state_lost: bool = False
+    duration_s: float = 0.0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class Timing(BaseModel):
+    """Wall time split: model, sandbox and the agent's own overhead (seconds)."""
+
+    total_s: float = 0.0
+    model_s: float = 0.0
+    sandbox_s: float = 0.0
+    agent_s: float = 0.0
+
+
+class SampleResult(BaseModel):
+    """One generation (one sample) for a problem."""
+
+    answer: str | None = None
+    generation: str = Field("", description="the assistant text including code and output")
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    finish_reason: str = Field("", description="answer | eos | length | tool_budget | time | error")
+    num_generated_tokens: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    timing: Timing = Field(default_factory=Timing)
+    error: str | None = None
+
+
+class SolveResult(BaseModel):
+    """All samples of one problem and the voted answer."""
+
+    answer: str | None = None
+    samples: list[SampleResult] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list, description="all samples' calls")
+    usage: Usage = Field(default_factory=Usage)
+    timing: Timing = Field(default_factory=Timing)
