@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from pathlib import Path
 
 from pydantic import BaseModel, Field
 
