@@ -61,7 +61,12 @@ class PromptTemplate:
 
 _EXAMPLES = (
     Example("What is 12 * 9 - 4?", "print(12 * 9 - 4)", "104\n", "104"),
-    Example("What is 45 + 38 * 2?", "print(45 + 38 * 2)", "121\n", "121"),
+    Example(
+        "Tom has 3 boxes with 12 apples in each box. He eats 5 apples. How many apples are left?",
+        "print(3 * 12 - 5)",
+        "31\n",
+        "31",
+    ),
 )
 _NO_TOOL_EXAMPLES = tuple(
     Example(e.problem, e.code.removeprefix("print(").removesuffix(")"), e.output.strip(), e.answer)
