@@ -84,9 +84,18 @@ def cut(text: str, limit: int) -> str:
     return body[:limit] + OUTPUT_CUT
 
 
+def _cut_stream(text: str, limit: int, truncated: bool) -> str:
+    # The sandbox cuts at the limit without a marker and flags it; a stream at the limit is it.
+    if truncated and len(text) >= limit and not text.endswith(OUTPUT_CUT):
+        return text[:limit] + OUTPUT_CUT
+    return cut(text, limit)
+
+
 def feedback_text(res: ExecResult, max_chars: int, timeout_s: float) -> str:
     """What the model reads after its code ran: output cut at ``max_chars``, plus status text."""
-    body = cut(res.stdout, max_chars) + cut(res.stderr, max_chars)
+    body = _cut_stream(res.stdout, max_chars, res.truncated) + _cut_stream(
+        res.stderr, max_chars, res.truncated
+    )
     if body and not body.endswith("\n"):
         body += "\n"
     if res.status == ExecStatus.timeout:

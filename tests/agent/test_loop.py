@@ -164,6 +164,17 @@ async def test_output_is_cut_with_marker():
     assert sandbox.calls[0]["max_output_chars"] == 10
 
 
+async def test_output_cut_by_the_sandbox_gets_the_marker():
+    flagged = ExecResult(
+        status=ExecStatus.completed, stdout="y" * 10, truncated=True, session_id=""
+    )
+    turns = [Turn(["<tool_call>print('y' * 99)"]), Turn(["\\boxed{1}"])]
+    _, result, _, _ = await run(
+        turns, template="fewshot", sandbox=FakeSandbox([flagged]), max_output_chars=10
+    )
+    assert "\n```output\nyyyyyyyyyy<output cut>\n```\n" in result.generation
+
+
 async def test_tool_budget_stops_the_sample():
     turns = [Turn(["<tool_call>print(1)"]), Turn(["<tool_call>print(2)"])]
     _, result, _, sandbox = await run(turns, template="fewshot", max_tool_calls=1)
