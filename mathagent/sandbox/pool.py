@@ -17,6 +17,7 @@ import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -298,7 +299,8 @@ def _crash_lines(diagnostics: str) -> str:
 def owner_id(pid: int) -> str:
     """``host:pid:start-time`` of a process: names the owner of a container across pid reuse."""
     try:
-        start = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        start = stat.rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         start = "?"
     return f"{socket.gethostname()}:{pid}:{start}"

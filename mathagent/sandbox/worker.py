@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import faulthandler
 import importlib
 import io
@@ -107,8 +108,8 @@ class Worker:
         self.proto_in.close()
         os.close(self.proto_out)
         self.captures = None
-        self.stdout = sys.stdout = open(1, "w", closefd=False, buffering=1)
-        self.stderr = sys.stderr = open(2, "w", closefd=False, buffering=1)
+        self.stdout = sys.stdout = open(1, "w", closefd=False, buffering=1)  # noqa: SIM115
+        self.stderr = sys.stderr = open(2, "w", closefd=False, buffering=1)  # noqa: SIM115
 
     def add(self, index: int, data: bytes) -> None:
         if self.captures is not None:
@@ -201,10 +202,8 @@ class Worker:
     def _end_cell(self) -> None:
         """Flush the streams, collect what the pipes hold, and end leftover processes."""
         for stream in (self.stdout, self.stderr, sys.__stdout__, sys.__stderr__):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
         sys.stdout, sys.stderr = self.stdout, self.stderr
         if self.reap:
             _kill_leftovers()
@@ -270,10 +269,8 @@ def _kill_leftovers() -> None:
 def _preload(names: str) -> None:
     """Import heavy modules once while the container waits in the pool."""
     for name in filter(None, names.split(",")):
-        try:
+        with contextlib.suppress(Exception):  # a missing module only costs its later import
             importlib.import_module(name.strip())
-        except Exception:
-            pass
 
 
 def main(argv: list[str]) -> None:
