@@ -144,11 +144,20 @@ def sandbox_serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default loopback).")] = None,
 ) -> None:
     """Serve the sandbox HTTP API."""
+    import docker
     import uvicorn
 
+    from mathagent.sandbox.image import image_tag
     from mathagent.sandbox.service import create_app
 
     settings = Settings()
+    tag = image_tag(settings.sandbox)
+    try:
+        docker.from_env().images.get(tag)
+    except docker.errors.ImageNotFound as exc:
+        raise _fail(f"image {tag} is missing: run `mathagent sandbox build`") from exc
+    except docker.errors.DockerException as exc:
+        raise _fail(f"Docker is not available: {exc}") from exc
     app = create_app(settings.sandbox)
     uvicorn.run(app, host=host or settings.host, port=port, log_level="warning")
 
