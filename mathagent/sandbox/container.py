@@ -9,11 +9,14 @@ costs two socket writes and reads instead of a ``docker exec``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import docker
@@ -212,3 +215,36 @@ def describe_exit(oom_killed: bool, exit_code: int | None) -> str:
 
 async def _thread(fn: Callable[[], T]) -> T:
     return await asyncio.to_thread(fn)
+
+
+def owner_id(pid: int) -> str:
+    """``host:pid:start-time`` of a process: names the owner of a container across pid reuse."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        start = stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        start = "?"
+    return f"{socket.gethostname()}:{pid}:{start}"
+
+
+def remove_labelled(client: docker.DockerClient, key: str, value: str) -> None:
+    """Remove every container labelled ``key=value``."""
+    for info in client.api.containers(all=True, filters={"label": f"{key}={value}"}):
+        with contextlib.suppress(docker.errors.NotFound):
+            client.api.remove_container(info["Id"], force=True)
+
+
+def remove_orphans(client: docker.DockerClient) -> int:
+    """Remove sandbox containers whose owning process on this host is gone; returns the count."""
+    host = socket.gethostname()
+    removed = 0
+    for info in client.api.containers(all=True, filters={"label": LABEL}):
+        owner = info.get("Labels", {}).get(OWNER_LABEL, "")
+        owner_host, _, pid = owner.partition(":")
+        pid = pid.split(":")[0]
+        if owner_host != host or not pid.isdigit() or owner_id(int(pid)) == owner:
+            continue
+        with contextlib.suppress(docker.errors.NotFound):
+            client.api.remove_container(info["Id"], force=True)
+            removed += 1
+    return removed

@@ -9,15 +9,12 @@ and run in threads.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import socket
 import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import docker
@@ -33,6 +30,9 @@ from mathagent.sandbox.container import (
     ContainerSpec,
     WorkerDied,
     WorkerTimeout,
+    owner_id,
+    remove_labelled,
+    remove_orphans,
 )
 from mathagent.sandbox.image import image_tag
 
@@ -294,36 +294,3 @@ def _crash_lines(diagnostics: str) -> str:
         if line.startswith("Fatal Python error") or "<cell-" in line
     ]
     return "".join(f"{line}\n" for line in keep)
-
-
-def owner_id(pid: int) -> str:
-    """``host:pid:start-time`` of a process: names the owner of a container across pid reuse."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        start = stat.rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        start = "?"
-    return f"{socket.gethostname()}:{pid}:{start}"
-
-
-def remove_labelled(client: docker.DockerClient, key: str, value: str) -> None:
-    """Remove every container labelled ``key=value``."""
-    for info in client.api.containers(all=True, filters={"label": f"{key}={value}"}):
-        with contextlib.suppress(docker.errors.NotFound):
-            client.api.remove_container(info["Id"], force=True)
-
-
-def remove_orphans(client: docker.DockerClient) -> int:
-    """Remove sandbox containers whose owning process on this host is gone; returns the count."""
-    host = socket.gethostname()
-    removed = 0
-    for info in client.api.containers(all=True, filters={"label": LABEL}):
-        owner = info.get("Labels", {}).get(OWNER_LABEL, "")
-        owner_host, _, pid = owner.partition(":")
-        pid = pid.split(":")[0]
-        if owner_host != host or not pid.isdigit() or owner_id(int(pid)) == owner:
-            continue
-        with contextlib.suppress(docker.errors.NotFound):
-            client.api.remove_container(info["Id"], force=True)
-            removed += 1
-    return removed

@@ -14,11 +14,12 @@ from collections.abc import Iterator
 import docker
 import httpx
 import pytest
+import pytest_asyncio
 
 from mathagent.config import SandboxSettings
-from mathagent.sandbox.container import OWNER_LABEL
+from mathagent.sandbox import ContainerPool, ExecResult
+from mathagent.sandbox.container import OWNER_LABEL, owner_id
 from mathagent.sandbox.image import build_image
-from mathagent.sandbox.pool import owner_id
 
 
 def small_settings(**overrides: object) -> SandboxSettings:
@@ -47,6 +48,17 @@ def docker_client() -> docker.DockerClient:
 def sandbox_image(docker_client: docker.DockerClient) -> str:
     """The sandbox image, built the way `mathagent sandbox build` builds it (a no-op when current)."""
     return build_image(SandboxSettings(), client=docker_client).image
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def pool(sandbox_image: str):
+    """One small pool per test module (its tests run on the module's event loop)."""
+    async with ContainerPool(small_settings()) as pool:
+        yield pool
+
+
+async def run(pool: ContainerPool, code: str, session: str | None = None, **kw) -> ExecResult:
+    return await pool.execute(code, session_id=session, **kw)
 
 
 SERVICE_ENV = {

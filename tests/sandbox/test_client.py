@@ -16,6 +16,7 @@ from mathagent.sandbox import (
 )
 
 
+@pytest.mark.docker
 async def test_client_runs_sessions_through_the_service(sandbox_service):
     async with SandboxClient(sandbox_service) as sandbox:
         first = await sandbox.execute("n = 3\nn ** 2", session_id="cl-1")
@@ -28,6 +29,7 @@ async def test_client_runs_sessions_through_the_service(sandbox_service):
         assert (await sandbox.health())["status"] == "ok"
 
 
+@pytest.mark.docker
 async def test_client_sessions_run_concurrently_and_stay_apart(sandbox_service):
     async with SandboxClient(sandbox_service) as sandbox:
 
@@ -40,6 +42,7 @@ async def test_client_sessions_run_concurrently_and_stay_apart(sandbox_service):
         assert await asyncio.gather(*(one(i) for i in range(4))) == [f"{i}\n" for i in range(4)]
 
 
+@pytest.mark.docker
 async def test_client_reports_bad_arguments_as_value_errors(sandbox_service):
     async with SandboxClient(sandbox_service) as sandbox:
         with pytest.raises(ValueError):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+pytestmark = pytest.mark.docker
+
 CONTRACT_FIELDS = {"status", "stdout", "stderr", "session_id", "state_lost", "duration_s"}
 
 
