@@ -28,6 +28,7 @@ import time
 import traceback
 
 MAX_FRAME = 64 * 1024 * 1024
+OUTPUT_CUT = "<output cut>"
 
 
 class CellTimeout(BaseException):
@@ -49,9 +50,11 @@ class Capture:
             self.data += chunk[:room]
 
     def text(self, max_chars: int) -> tuple[str, bool]:
+        """The first ``max_chars`` characters, marked as NeMo-Skills marks a cut output."""
         text = self.data.decode("utf-8", "replace")
-        cut = self.total > len(self.data) or len(text) > max_chars
-        return text[:max_chars], cut
+        if self.total > len(self.data) or len(text) > max_chars:
+            return text[:max_chars] + OUTPUT_CUT, True
+        return text, False
 
 
 class StreamSink(io.RawIOBase):

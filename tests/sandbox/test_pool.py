@@ -115,6 +115,12 @@ async def test_orphans_are_removed_and_nothing_is_left_behind(sandbox_image, doc
         mine = {"label": f"{POOL_LABEL}={pool.labels[POOL_LABEL]}"}
         assert pool.labels[OWNER_LABEL] == owner_id(os.getpid())
         await asyncio.gather(*(run(pool, "1", f"s-left-{i}") for i in range(3)))
+        closing = pool._sessions["s-left-0"].container.id
         await pool.close_session("s-left-0")
-        assert docker_client.api.containers(all=True, filters=mine)
+        for _ in range(100):  # removal runs in the background
+            ids = {c["Id"] for c in docker_client.api.containers(all=True, filters=mine)}
+            if closing not in ids:
+                break
+            await asyncio.sleep(0.1)
+        assert closing not in ids and ids
     assert docker_client.api.containers(all=True, filters=mine) == []

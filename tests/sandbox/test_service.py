@@ -39,7 +39,8 @@ def test_timeout_and_output_cap_over_http(http):
         "/execute", json={"code": "print('a' * 5000)\nwhile True: pass", "timeout": 1.0,
                           "max_output_chars": 50}
     ).json()  # fmt: skip
-    assert body["status"] == "timeout" and len(body["stdout"]) <= 50
+    assert body["status"] == "timeout" and body["stdout"] == "a" * 50 + "<output cut>"
+    assert body["truncated"]
 
 
 def test_delete_session_ends_it(http):
