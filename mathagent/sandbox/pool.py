@@ -71,27 +71,30 @@ class ContainerPool(Sandbox):
         self._tasks: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
         self._reaper: asyncio.Task | None = None
-        self._started = False
+        self._start_lock = asyncio.Lock()
         self._closed = False
 
     async def start(self) -> None:
         """Check Docker and the image, sweep orphans, and begin filling the pool."""
-        if self._started:
-            return
-        self._started = True
-        try:
-            self._client = self._client or await asyncio.to_thread(docker.from_env)
+        async with self._start_lock:  # the first calls may arrive together
+            if self._spec is not None:
+                return
             tag = image_tag(self.settings)
-            await asyncio.to_thread(self._client.images.get, tag)
-        except docker.errors.ImageNotFound:
-            raise SandboxError(f"image {tag} is missing: run `mathagent sandbox build`") from None
-        except docker.errors.DockerException as exc:
-            raise SandboxError(f"Docker is not available: {exc}") from exc
-        await asyncio.to_thread(remove_orphans, self._client)
-        labels = {LABEL: "1", OWNER_LABEL: owner_id(os.getpid()), POOL_LABEL: uuid.uuid4().hex}
-        self._spec = ContainerSpec(tag, self.settings, labels)
-        self._spawn_task(self._refill_forever())
-        self._reaper = self._spawn_task(self._reap_idle_forever())
+            try:
+                self._client = self._client or await asyncio.to_thread(docker.from_env)
+                await asyncio.to_thread(self._client.images.get, tag)
+                await asyncio.to_thread(remove_orphans, self._client)
+            except docker.errors.ImageNotFound:
+                raise SandboxError(
+                    f"image {tag} is missing: run `mathagent sandbox build`"
+                ) from None
+            except docker.errors.DockerException as exc:
+                raise SandboxError(f"Docker is not available: {exc}") from exc
+            pool_id = uuid.uuid4().hex
+            labels = {LABEL: "1", OWNER_LABEL: owner_id(os.getpid()), POOL_LABEL: pool_id}
+            self._spec = ContainerSpec(tag, self.settings, labels)
+            self._spawn_task(self._refill_forever())
+            self._reaper = self._spawn_task(self._reap_idle_forever())
 
     async def __aenter__(self) -> ContainerPool:
         await self.start()
@@ -125,6 +128,8 @@ class ContainerPool(Sandbox):
         await self.start()
         session = self._session(req.session_id or uuid.uuid4().hex)
         async with session.lock:
+            # Closed while this call waited for the lock: it runs in a new session of that id.
+            self._sessions.setdefault(session.id, session)
             start = time.monotonic()
             result = await self._run(session, req)
             result.duration_s = time.monotonic() - start
