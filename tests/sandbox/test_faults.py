@@ -202,3 +202,9 @@ async def test_container_settings_are_locked_down(pool, docker_client):
         assert host["Binds"] in (None, []) and attrs["Mounts"] == []
         assert attrs["Config"]["User"] == "1000:1000"
         assert not any(e.startswith("MATHAGENT_") for e in attrs["Config"]["Env"])
+
+
+async def test_closing_the_standard_streams_harms_only_that_cell(pool):
+    await run(pool, "import os, sys\nsys.stdout.close()\nos.close(1)\nos.close(0)", "s-close")
+    after = await run(pool, "import os\nprint('back')\n_ = os.write(1, b'fd\\n')", "s-close")
+    assert after.stdout == "back\nfd\n" and not after.state_lost
