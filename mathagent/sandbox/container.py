@@ -9,7 +9,6 @@ costs two socket writes and reads instead of a ``docker exec``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import socket
@@ -197,9 +196,7 @@ class Container:
             self._writer.close()
             self._writer = None
         try:
-            await _thread(lambda: self.api.remove_container(self.id, force=True))
-        except docker.errors.NotFound:
-            pass
+            await _thread(lambda: _remove(self.api, self.id))
         except Exception as exc:  # left for the orphan sweep of the next pool start
             log.warning("could not remove sandbox container %s: %s", self.id[:12], exc)
 
@@ -227,11 +224,21 @@ def owner_id(pid: int) -> str:
     return f"{socket.gethostname()}:{pid}:{start}"
 
 
+def _remove(api: docker.APIClient, container_id: str) -> None:
+    """Force-remove; a container already gone or already being removed counts as removed."""
+    try:
+        api.remove_container(container_id, force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if exc.status_code != 409:
+            raise
+
+
 def remove_labelled(client: docker.DockerClient, key: str, value: str) -> None:
     """Remove every container labelled ``key=value``."""
     for info in client.api.containers(all=True, filters={"label": f"{key}={value}"}):
-        with contextlib.suppress(docker.errors.NotFound):
-            client.api.remove_container(info["Id"], force=True)
+        _remove(client.api, info["Id"])
 
 
 def remove_orphans(client: docker.DockerClient) -> int:
@@ -244,7 +251,6 @@ def remove_orphans(client: docker.DockerClient) -> int:
         pid = pid.split(":")[0]
         if owner_host != host or not pid.isdigit() or owner_id(int(pid)) == owner:
             continue
-        with contextlib.suppress(docker.errors.NotFound):
-            client.api.remove_container(info["Id"], force=True)
-            removed += 1
+        _remove(client.api, info["Id"])
+        removed += 1
     return removed

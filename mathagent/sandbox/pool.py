@@ -38,6 +38,7 @@ from mathagent.sandbox.image import image_tag
 
 log = logging.getLogger(__name__)
 EXPIRED_MEMORY = 10_000
+START_SLOTS = max(2, os.cpu_count() or 1)
 
 
 class SandboxError(RuntimeError):
@@ -72,6 +73,7 @@ class ContainerPool(Sandbox):
         self._wake = asyncio.Event()
         self._reaper: asyncio.Task | None = None
         self._start_lock = asyncio.Lock()
+        self._start_slots = asyncio.Semaphore(START_SLOTS)
         self._closed = False
 
     async def start(self) -> None:
@@ -217,9 +219,14 @@ class ContainerPool(Sandbox):
         assert self._client is not None and self._spec is not None
         self._starting += 1
         try:
-            return await Container.start(
-                self._client.api, self._spec, self.settings.start_timeout_s
-            )
+            # Starts share the CPU: a few at a time finish sooner than all at once.
+            async with self._start_slots:
+                return await Container.start(
+                    self._client.api, self._spec, self.settings.start_timeout_s
+                )
+        except TimeoutError:
+            limit = self.settings.start_timeout_s
+            raise SandboxError(f"a sandbox container was not ready within {limit:g} s") from None
         except docker.errors.DockerException as exc:
             raise SandboxError(f"could not start a sandbox container: {exc}") from exc
         finally:
