@@ -109,8 +109,16 @@ def test_never_healthy_times_out_and_stops(port, tiny_argv):
     [
         ("RuntimeError: CUDA error: out of memory", {}, "CUDA out of memory"),
         ("OSError: [Errno 98] Address already in use", {}, "port is already in use"),
-        ("GatedRepoError: Access to model meta-llama/x is restricted", {"HF_TOKEN": "t"}, "no access"),
-        ("Unable to find image 'nvcr.io/nvidia/x:1' locally", {}, "docker image nvcr.io/nvidia/x:1"),
+        (
+            "GatedRepoError: Access to model meta-llama/x is restricted",
+            {"HF_TOKEN": "t"},
+            "no access",
+        ),
+        (
+            "Unable to find image 'nvcr.io/nvidia/x:1' locally",
+            {},
+            "docker image nvcr.io/nvidia/x:1",
+        ),
         ("all good", {}, None),
     ],
 )

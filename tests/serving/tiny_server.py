@@ -60,7 +60,10 @@ if MODE == "oom":
     print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
     sys.exit(1)
 if MODE == "gated":
-    print("huggingface_hub.errors.GatedRepoError: 401 Client Error. Cannot access gated repo", flush=True)
+    print(
+        "huggingface_hub.errors.GatedRepoError: 401 Client Error. Cannot access gated repo",
+        flush=True,
+    )
     sys.exit(1)
 if MODE == "stubborn":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
