@@ -13,20 +13,16 @@ import re
 import shlex
 from enum import StrEnum
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import yaml
 
+from mathagent.serving import container
 from mathagent.serving.plan import LaunchPlan, Step, health_url
 from mathagent.serving.presets import Method, ServePreset
 
 YAML_NAME = "extra-llm-api-config.yml"
 HOSTFILE_NAME = "openmpi-hostfile"
 DEFAULT_EXAMPLES = "/app/tensorrt_llm/examples"  # where the NGC release image keeps them
-IMAGES = {
-    "1.0": "nvcr.io/nvidia/tensorrt-llm/release:1.0.0rc3",
-    "1.2": "nvcr.io/nvidia/tensorrt-llm/release:1.2.0rc6",
-}
 
 
 class Family(StrEnum):
@@ -280,7 +276,7 @@ def plan(
         )
         result.notes.append("ReDrafter exists only on TensorRT-LLM's engine path (trtllm-build)")
     if launcher == "docker":
-        return _dockerize(result, image or IMAGES[family.value], out)
+        return container.dockerize(result, image or container.IMAGES[family.value], out)
     return result
 
 
@@ -299,40 +295,3 @@ def _anchor(preset: ServePreset, out: Path) -> ServePreset:
         if not Path(value).is_absolute()
     }
     return preset.model_copy(update={"build": build.model_copy(update=fixed)})
-
-
-def _dockerize(native: LaunchPlan, image: str, out: Path) -> LaunchPlan:
-    """Run the native plan's script inside the NGC TensorRT-LLM image."""
-    name = f"mathagent-trtllm-{urlsplit(native.health_url).port}"
-    cache = str(Path.home() / ".cache" / "huggingface")
-    mounts = ["-v", f"{cache}/:/root/.cache/huggingface/", "-v", f"{out}:{out}", "-w", str(out)]
-    limits = ["--ulimit", "memlock=-1", "--ulimit", "stack=67108864"]
-    docker = LaunchPlan("trtllm", native.preset, native.files, [], None, native.health_url)
-    docker.notes = list(native.notes)
-    if native.server is not None and "trtllm-llmapi-launch" in native.server.argv:
-        env = [a for k, v in native.server.env.items() for a in ("-e", f"{k}={v}")]
-        docker.steps = [
-            Step(
-                "on EVERY node: start the TensorRT-LLM container (passwordless SSH between them)",
-                ["docker", "run", "-d", "--name", name, "--gpus", "all", "--network", "host",
-                 *limits, "--device", "/dev/infiniband:/dev/infiniband", *env, *mounts,
-                 image, "sleep", "infinity"],
-            ),
-        ]  # fmt: skip
-        docker.server = Step(
-            "on the first node: serve",
-            ["docker", "exec", "-e", "HF_TOKEN", name, "bash", f"{out}/launch.sh"],
-        )
-        docker.notes.append(
-            "multi-node docker launches are print-only: run the container step on every node "
-            "(NVIDIA's dgx-spark-playbooks trtllm-mn-entrypoint.sh sets up the SSH mpirun needs)"
-        )
-        docker.runnable = False
-        return docker
-    docker.server = Step(
-        "serve in the NGC TensorRT-LLM image",
-        ["docker", "run", "--rm", "--name", name, "-e", "HF_TOKEN", *limits, "--gpus=all",
-         "--ipc=host", "--network", "host", *mounts, image, "bash", f"{out}/launch.sh"],
-    )  # fmt: skip
-    docker.cleanup = ["docker", "rm", "-f", name]
-    return docker
