@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -46,7 +47,8 @@ def explain_failure(log_tail: str, argv: list[str], env: dict[str, str]) -> str 
             return "the model is gated on Hugging Face and HF_TOKEN is not set: export HF_TOKEN"
         return "the model is gated on Hugging Face and HF_TOKEN has no access to it"
     if "unable to find image" in text or "pull access denied" in text or "manifest unknown" in text:
-        image = next((a for a in argv if "/" in a and ":" in a and not a.startswith("-")), "")
+        named = re.search(r"unable to find image '([^']+)'", log_tail, re.IGNORECASE)
+        image = named[1] if named else next((a for a in argv if "/" in a and ":" in a), "")
         return f"docker image {image or '(see log)'} is missing and could not be pulled"
     if "could not select device driver" in text:
         return "docker cannot reach the GPUs: install the NVIDIA container toolkit"

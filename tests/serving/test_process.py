@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -149,3 +150,13 @@ def test_sigterm_to_the_launcher_stops_the_server_cleanly(port, tiny_argv):
     pid = int(out.split("child")[1].split()[0])
     assert not _alive(pid)
     assert not port_in_use("127.0.0.1", port)
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="needs the docker client and daemon")
+def test_missing_docker_image_is_one_clear_message(port):
+    # The docker launcher's failure mode: the image is neither local nor pullable.
+    argv = ["docker", "run", "--rm", "--network", "host", "mathagent-no-such-image:0.0", "true"]
+    server = _server(argv, port)
+    server.start()
+    with pytest.raises(ServeError, match=r"docker image mathagent-no-such-image:0\.0 is missing"):
+        server.wait_healthy()
