@@ -125,7 +125,7 @@ class ServerProcess:
                 if proc.poll() is not None:
                     self._drain()
                     raise ServeError(
-                        self._failure(f"{self.name} exited with code {proc.returncode}")
+                        self.explain(f"{self.name} exited with code {proc.returncode}")
                     )
                 try:
                     if client.get(self.health_url).status_code == 200:
@@ -135,7 +135,7 @@ class ServerProcess:
                 time.sleep(0.2)
         self.stop()
         raise ServeError(
-            self._failure(f"{self.name} was not healthy within {self.startup_timeout_s:.0f} s")
+            self.explain(f"{self.name} was not healthy within {self.startup_timeout_s:.0f} s")
         )
 
     def wait(self) -> int:
@@ -170,6 +170,13 @@ class ServerProcess:
         """The last ``lines`` log lines."""
         return "\n".join(list(self._tail)[-lines:])
 
+    def explain(self, headline: str) -> str:
+        """``headline`` plus the recognised cause and the log's tail."""
+        tail = self.tail()
+        reason = explain_failure(tail, self.argv, self.env)
+        message = f"{headline}: {reason}" if reason else headline
+        return f"{message}\n--- last log lines ---\n{tail}" if tail else message
+
     def __enter__(self) -> ServerProcess:
         self.start()
         try:
@@ -203,12 +210,6 @@ class ServerProcess:
         if self._reader is not None:
             self._reader.join(timeout=5)
 
-    def _failure(self, headline: str) -> str:
-        tail = self.tail()
-        reason = explain_failure(tail, self.argv, self.env)
-        message = f"{headline}: {reason}" if reason else headline
-        return f"{message}\n--- last log lines ---\n{tail}" if tail else message
-
 
 def serve_foreground(server: ServerProcess, echo: Callable[[str], None]) -> int:
     """Start ``server``, wait for health, then serve until it exits or Ctrl-C/SIGTERM stops it."""
@@ -221,10 +222,12 @@ def serve_foreground(server: ServerProcess, echo: Callable[[str], None]) -> int:
         server.start()
         server.wait_healthy()
         echo(f"[mathagent] {server.name} is up: {server.health_url.removesuffix('/health')}")
-        return server.wait()
+        code = server.wait()
+        if code != 0:  # it died while serving: say why, as at startup
+            raise ServeError(server.explain(f"{server.name} exited with code {code}"))
+        return code
     except KeyboardInterrupt:
         echo(f"[mathagent] stopping {server.name} (grace {server.grace_s:.0f} s)")
-        server.stop()
         return 0
     finally:
         server.stop()

@@ -14,7 +14,13 @@ import time
 import httpx
 import pytest
 
-from mathagent.serving.process import ServeError, ServerProcess, explain_failure, port_in_use
+from mathagent.serving.process import (
+    ServeError,
+    ServerProcess,
+    explain_failure,
+    port_in_use,
+    serve_foreground,
+)
 
 
 def _server(argv: list[str], port: int, **kwargs) -> ServerProcess:
@@ -160,3 +166,11 @@ def test_missing_docker_image_is_one_clear_message(port):
     server.start()
     with pytest.raises(ServeError, match=r"docker image mathagent-no-such-image:0\.0 is missing"):
         server.wait_healthy()
+
+
+def test_dying_while_serving_is_explained(port, tiny_argv):
+    lines: list[str] = []
+    server = _server(tiny_argv(port, "crash", 1.0), port)
+    with pytest.raises(ServeError, match="exited with code 1: CUDA out of memory"):
+        serve_foreground(server, lines.append)
+    assert any("is up" in line for line in lines)

@@ -1,7 +1,8 @@
 """A tiny real HTTP server for lifecycle tests: ``python tiny_server.py PORT MODE [DELAY]``.
 
 Modes: ok (healthy after DELAY s), never (never healthy), exit (exits with code 3 at once),
-oom / gated (prints a failure line then exits 1), stubborn (ignores SIGTERM), metrics (serves
+oom / gated (prints a failure line then exits 1), crash (healthy, then OOM after
+DELAY s), stubborn (ignores SIGTERM), metrics (serves
 canned TensorRT-LLM iteration stats at /metrics), prometheus (text metrics, like vLLM).
 """
 
@@ -65,6 +66,16 @@ if MODE == "gated":
         flush=True,
     )
     sys.exit(1)
+if MODE == "crash":  # healthy at once, then dies of OOM after DELAY s
+    import os
+    import threading
+
+    def die() -> None:
+        print("torch.OutOfMemoryError: CUDA out of memory while serving", flush=True)
+        os._exit(1)
+
+    threading.Timer(DELAY, die).start()
+    DELAY = 0.0
 if MODE == "stubborn":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 print(f"tiny server listening on {PORT}", flush=True)
