@@ -2,14 +2,37 @@
 
 from __future__ import annotations
 
+import socket
+import sys
+from pathlib import Path
+
 import pytest
 
 from mathagent.serving.metrics import acceptance_from_stats, read_acceptance, read_iteration_stats
 from mathagent.serving.process import ServerProcess
 
+TINY_SERVER = Path(__file__).with_name("tiny_server.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
 
 @pytest.fixture
-def metrics_server(port, tiny_argv):
+def port() -> int:
+    """A TCP port nothing listens on right now."""
+    return _free_port()
+
+
+def tiny_argv(port: int, mode: str, delay: float = 0.0) -> list[str]:
+    """The command starting tests/serving/tiny_server.py (a tiny real HTTP server)."""
+    return [sys.executable, str(TINY_SERVER), str(port), mode, str(delay)]
+
+
+@pytest.fixture
+def metrics_server(port):
     def start(mode: str) -> str:
         server = ServerProcess(
             tiny_argv(port, mode), health_url=f"http://127.0.0.1:{port}/health", log=None

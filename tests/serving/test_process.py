@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,6 +22,25 @@ from mathagent.serving.process import (
     port_in_use,
     serve_foreground,
 )
+
+TINY_SERVER = Path(__file__).with_name("tiny_server.py")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def port() -> int:
+    """A TCP port nothing listens on right now."""
+    return _free_port()
+
+
+def tiny_argv(port: int, mode: str, delay: float = 0.0) -> list[str]:
+    """The command starting tests/serving/tiny_server.py (a tiny real HTTP server)."""
+    return [sys.executable, str(TINY_SERVER), str(port), mode, str(delay)]
 
 
 def _server(argv: list[str], port: int, **kwargs) -> ServerProcess:
@@ -38,7 +58,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_start_wait_healthy_serve_and_stop(port, tiny_argv):
+def test_start_wait_healthy_serve_and_stop(port):
     server = _server(tiny_argv(port, "ok", 0.5), port)
     with server:
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
@@ -51,7 +71,7 @@ def test_start_wait_healthy_serve_and_stop(port, tiny_argv):
     assert not port_in_use("127.0.0.1", port)
 
 
-def test_stubborn_server_is_killed_after_grace(port, tiny_argv):
+def test_stubborn_server_is_killed_after_grace(port):
     server = _server(tiny_argv(port, "stubborn"), port, grace_s=0.5)
     server.start()
     server.wait_healthy()
@@ -72,7 +92,7 @@ def test_trtllm_serve_missing_suggests_docker(port):
         server.start()
 
 
-def test_port_in_use_is_reported_before_start(port, tiny_argv):
+def test_port_in_use_is_reported_before_start(port):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
         sock.listen()
@@ -82,7 +102,7 @@ def test_port_in_use_is_reported_before_start(port, tiny_argv):
         assert server.returncode is None  # nothing was started
 
 
-def test_early_exit_reports_code_and_log_tail(port, tiny_argv):
+def test_early_exit_reports_code_and_log_tail(port):
     server = _server(tiny_argv(port, "exit"), port)
     server.start()
     with pytest.raises(ServeError, match="exited with code 3") as info:
@@ -94,7 +114,7 @@ def test_early_exit_reports_code_and_log_tail(port, tiny_argv):
     ("mode", "expected"),
     [("oom", "CUDA out of memory"), ("gated", "gated on Hugging Face and HF_TOKEN is not set")],
 )
-def test_known_failures_in_the_log_become_one_message(port, tiny_argv, mode, expected):
+def test_known_failures_in_the_log_become_one_message(port, mode, expected):
     env = {k: v for k, v in os.environ.items() if k != "HF_TOKEN"}
     server = _server(tiny_argv(port, mode), port)
     server.env = env
@@ -103,7 +123,7 @@ def test_known_failures_in_the_log_become_one_message(port, tiny_argv, mode, exp
         server.wait_healthy()
 
 
-def test_never_healthy_times_out_and_stops(port, tiny_argv):
+def test_never_healthy_times_out_and_stops(port):
     server = _server(tiny_argv(port, "never"), port, startup_timeout_s=1.0)
     server.start()
     with pytest.raises(ServeError, match="not healthy within 1 s"):
@@ -135,7 +155,7 @@ def test_explain_failure(log, env, expected):
     assert found == expected if expected is None else expected in found
 
 
-def test_sigterm_to_the_launcher_stops_the_server_cleanly(port, tiny_argv):
+def test_sigterm_to_the_launcher_stops_the_server_cleanly(port):
     # serve_foreground in its own process, as `mathagent serve` runs it; SIGTERM it once healthy.
     code = textwrap.dedent(f"""
         import sys
@@ -168,7 +188,7 @@ def test_missing_docker_image_is_one_clear_message(port):
         server.wait_healthy()
 
 
-def test_dying_while_serving_is_explained(port, tiny_argv):
+def test_dying_while_serving_is_explained(port):
     lines: list[str] = []
     server = _server(tiny_argv(port, "crash", 1.0), port)
     with pytest.raises(ServeError, match="exited with code 1: CUDA out of memory"):
