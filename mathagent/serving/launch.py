@@ -76,9 +76,11 @@ def _apply_speculative(data: dict, value: str) -> None:
     """``none | ngram | draft:PATH | eagle3:PATH | redrafter:PATH`` onto the preset data."""
     kind, _, path = value.partition(":")
     current = data.get("speculation") or {}
+    if data.get("build") and kind != "redrafter":
+        raise ValueError(
+            f"{data['name']} is ReDrafter's engine path: pick another preset for {kind}"
+        )
     if kind == "none":
-        if data.get("build"):
-            raise ValueError("this preset is ReDrafter's engine path; pick another preset for none")
         data["speculation"] = None
         return
     draft_len = current.get("max_draft_len", 3)

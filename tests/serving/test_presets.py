@@ -149,6 +149,16 @@ def test_bad_speculative_values_are_rejected(bad):
         resolve_preset(_request(model="/m", speculative=bad))
 
 
+@pytest.mark.parametrize("kind", ["none", "ngram", "draft:/d"])
+def test_the_redrafter_preset_keeps_redrafter(kind):
+    with pytest.raises(ValueError, match="ReDrafter's engine path"):
+        resolve_preset(_request(preset="openmath-14b-fp8-redrafter", speculative=kind))
+    preset = resolve_preset(
+        _request(preset="openmath-14b-fp8-redrafter", speculative="redrafter:/r")
+    )
+    assert preset.build.drafter_dir == "/r"
+
+
 def test_preset_or_model_is_required():
     with pytest.raises(ValueError, match="--preset"):
         resolve_preset(_request())
