@@ -69,6 +69,8 @@ def resolve_preset(req: ServeRequest) -> ServePreset:
     _apply_cluster(data, req)
     if data.get("build") and req.calib_dataset:
         data["build"]["calib_dataset"] = req.calib_dataset
+    if data.get("build") and not data["build"].get("calib_dataset"):
+        raise ValueError("a ReDrafter build needs --calib-dataset PATH (the FP8 calibration set)")
     return ServePreset.model_validate(data)
 
 
@@ -117,7 +119,7 @@ def _apply_redrafter(data: dict, path: str, draft_len: int) -> None:
     model = data["model"]
     data.update(backend="tensorrt", kv_cache={}, options={})
     data["speculation"] = {"method": Method.redrafter, "max_draft_len": draft_len}
-    data["build"] = {"model_dir": model, "drafter_dir": path, "calib_dataset": "cnn_dailymail"}
+    data["build"] = {"model_dir": model, "drafter_dir": path, "calib_dataset": None}
 
 
 def _apply_cluster(data: dict, req: ServeRequest) -> None:

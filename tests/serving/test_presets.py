@@ -138,8 +138,11 @@ def test_custom_model_with_each_speculative_kind():
     assert draft.options.disable_overlap_scheduler is True
     ngram = resolve_preset(_request(model="/m", speculative="ngram"))
     assert ngram.speculation.max_matching_ngram_size > 0
-    redrafter = resolve_preset(_request(model="/m", speculative="redrafter:/r"))
+    with pytest.raises(ValueError, match="--calib-dataset"):
+        resolve_preset(_request(model="/m", speculative="redrafter:/r"))
+    redrafter = resolve_preset(_request(model="/m", speculative="redrafter:/r", calib_dataset="/c"))
     assert (redrafter.backend, redrafter.build.drafter_dir) == ("tensorrt", "/r")
+    assert redrafter.build.calib_dataset == "/c"
     assert resolve_preset(_request(model="/m", speculative="none")).speculation is None
 
 
