@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from mathagent.serving.acceptance import acceptance_from_stats, read_acceptance, read_iteration_stats
+from mathagent.serving.acceptance import (
+    acceptance_from_stats,
+    read_acceptance,
+    read_iteration_stats,
+)
 from mathagent.serving.process import ServerProcess
 
 TINY_SERVER = Path(__file__).with_name("tiny_server.py")
