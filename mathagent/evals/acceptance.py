@@ -1,0 +1,140 @@
+"""Speculative-decoding acceptance read from a server's ``/metrics`` during a run.
+
+Two formats exist. Prometheus text (the embedded engine, vLLM, SGLang) exposes running
+counters, so the run's acceptance is the difference between two scrapes:
+``*spec_decode_num_accepted_tokens_total`` and ``*spec_decode_num_drafts_total`` give
+acceptance length = 1 + accepted / drafts (tokens per target forward). TensorRT-LLM's
+``trtllm-serve`` answers JSON: the iteration stats since the last call, each with
+``specDecodingStats`` {numAcceptedTokens, numRequestsWithDraftTokens, ...}; those are drained
+by every read, so the meter polls them while the run goes on and sums them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+
+import httpx
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """Running totals: accepted draft tokens and verification steps that carried a draft."""
+
+    accepted: float = 0.0
+    drafts: float = 0.0
+
+    def __sub__(self, other: SpecCounters) -> SpecCounters:
+        return SpecCounters(self.accepted - other.accepted, self.drafts - other.drafts)
+
+    def __add__(self, other: SpecCounters) -> SpecCounters:
+        return SpecCounters(self.accepted + other.accepted, self.drafts + other.drafts)
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """Tokens per target forward (1 + accepted per draft); None without drafts."""
+        return 1.0 + self.accepted / self.drafts if self.drafts > 0 else None
+
+
+def parse_prometheus(text: str) -> SpecCounters | None:
+    """Acceptance counters from Prometheus text; None when the server exports none."""
+    accepted = drafts = 0.0
+    found = False
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or line.startswith("#"):
+            continue
+        name, value = match.group(1), float(match.group(3))
+        if name.endswith("spec_decode_num_accepted_tokens_total"):
+            accepted, found = accepted + value, True
+        elif name.endswith("spec_decode_num_drafts_total"):
+            drafts, found = drafts + value, True
+    return SpecCounters(accepted, drafts) if found else None
+
+
+def parse_trtllm(stats: object) -> SpecCounters | None:
+    """Acceptance counters summed over TensorRT-LLM iteration stats (a JSON list)."""
+    if not isinstance(stats, list):
+        return None
+    total, found = SpecCounters(), False
+    for item in stats:
+        spec = item.get("specDecodingStats") if isinstance(item, dict) else None
+        if not isinstance(spec, dict):
+            continue
+        found = True
+        total += SpecCounters(
+            float(spec.get("numAcceptedTokens", 0)),
+            float(spec.get("numRequestsWithDraftTokens", 0)),
+        )
+    return total if found else None
+
+
+def metrics_url(base_url: str) -> str:
+    """The server's /metrics address from its OpenAI base URL (with or without /v1)."""
+    root = base_url.rstrip("/").removesuffix("/v1")
+    return f"{root}/metrics"
+
+
+class AcceptanceMeter:
+    """Measures a server's acceptance length over a stretch of work.
+
+    ``async with AcceptanceMeter(url) as meter: ...`` then ``meter.acceptance_length``
+    (None when the server reports no speculative-decoding stats).
+    """
+
+    def __init__(self, base_url: str, poll_s: float = 2.0, timeout_s: float = 5.0) -> None:
+        self._url = metrics_url(base_url)
+        self._client = httpx.AsyncClient(timeout=timeout_s)
+        self._poll_s = poll_s
+        self._start: SpecCounters | None = None
+        self._polled = SpecCounters()
+        self._is_json = False
+        self._task: asyncio.Task[None] | None = None
+        self.acceptance_length: float | None = None
+
+    async def __aenter__(self) -> AcceptanceMeter:
+        self._start = await self._read()
+        if self._is_json:
+            self._polled = SpecCounters()  # the first read only drained older iterations
+            self._task = asyncio.create_task(self._poll())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        end = await self._read()
+        if self._is_json:
+            self.acceptance_length = self._polled.acceptance_length
+        elif end is not None and self._start is not None:
+            self.acceptance_length = (end - self._start).acceptance_length
+        await self._client.aclose()
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_s)
+            await self._read()
+
+    async def _read(self) -> SpecCounters | None:
+        try:
+            response = await self._client.get(self._url)
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        if "json" in response.headers.get("content-type", "") or response.text.lstrip()[:1] == "[":
+            self._is_json = True
+            try:
+                counters = parse_trtllm(json.loads(response.text))
+            except json.JSONDecodeError:
+                return None
+            if counters is not None:
+                self._polled += counters
+            return counters
+        return parse_prometheus(response.text)
