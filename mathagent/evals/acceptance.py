@@ -62,7 +62,9 @@ def parse_trtllm(stats: object) -> SpecCounters | None:
     if not isinstance(stats, list):
         return None
     total, found = SpecCounters(), False
-    for item in stats:
+    for entry in stats:
+        # Some TensorRT-LLM versions queue each iteration as a JSON string.
+        item = json.loads(entry) if isinstance(entry, str) else entry
         spec = item.get("specDecodingStats") if isinstance(item, dict) else None
         if not isinstance(spec, dict):
             continue

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mathagent.agent.result import SampleResult
@@ -172,6 +173,7 @@ def _progress(enabled: bool) -> Progress:
         TextColumn("{task.fields[acc]}"),
         TextColumn("{task.fields[tps]}"),
         TimeElapsedColumn(),
+        console=Console(stderr=True),  # stdout stays clean for --json
         disable=not enabled,
         transient=False,
     )

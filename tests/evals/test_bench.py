@@ -121,4 +121,32 @@ def test_parsers():
         {"x": 1},
     ]
     assert parse_trtllm(stats).acceptance_length == 2.5
+    assert parse_trtllm([json.dumps(stats[0])]).acceptance_length == 2.5
     assert parse_trtllm({"not": "a list"}) is None
+
+
+def test_bench_command_in_a_real_process(server: str, tmp_path: Path):
+    import subprocess
+    import sys
+
+    data = tmp_path / "set.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer}) + "\n"
+            for p in PROBLEMS
+        )
+    )
+    out = tmp_path / "out"
+    args = ["bench", "--endpoint", f"a={server}", "--dataset", str(data), "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "mathagent", *args, "--limit", "4", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout)["rows"][0]
+    assert row["num_requests"] == 4 and row["accuracy"] == 50.0
+    bad = subprocess.run(
+        [sys.executable, "-m", "mathagent", "bench", "--endpoint", "oops", "--dataset", str(data), "--out", str(out)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 1 and "NAME=http" in bad.stderr
