@@ -193,6 +193,8 @@ def eval_(
     except (ValueError, RuntimeError, OSError) as exc:
         raise _fail(str(exc)) from exc
     _print_summary(summary, out, as_json)
+    if summary.get("num_failed"):
+        raise _fail(f"{summary['num_failed']} samples failed (see the log); re-run to retry them")
 
 
 def _columns(specs: list[str] | None) -> dict[str, str]:

@@ -72,6 +72,7 @@ async def run_eval(
     ``meter`` opens an acceptance meter (see :mod:`mathagent.evals.acceptance`) around the work.
     Returns the summary. Samples whose solver raised are not recorded (a re-run retries them).
     """
+    config.out_dir.mkdir(parents=True, exist_ok=True)
     store = ResultsFile(config.out_dir / RESULTS_FILE)
     existing = store.load()
     done = {(str(r["id"]), int(r["sample"])) for r in existing}

@@ -2,81 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from mathagent.evals.acceptance import AcceptanceMeter, parse_prometheus, parse_trtllm
 from mathagent.evals.bench import BenchConfig, BenchError, Endpoint, run_bench
 from mathagent.evals.datasets import Problem
+from tests.evals.fake_openai import serve
 
 PROBLEMS = [Problem(f"q{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(6)]
 
 
-def _app(trtllm: bool) -> FastAPI:
-    """An OpenAI-compatible server that answers 2i right for even i, streams 5 chunks."""
-    app = FastAPI()
-    state = {"accepted": 0, "drafts": 0, "pending": []}
-
-    @app.get("/v1/models")
-    def models() -> dict:
-        return {"data": [{"id": "scripted"}]}
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> StreamingResponse:
-        body = await request.json()
-        i = int(re.search(r"What is (\d+)", body["messages"][0]["content"]).group(1))
-        answer = 2 * i if i % 2 == 0 else 0
-        pieces = ["Adding ", "gives ", "\\boxed{", str(answer), "}"]
-        state["accepted"] += 6
-        state["drafts"] += 4
-        state["pending"].append(
-            {"specDecodingStats": {"numAcceptedTokens": 6, "numRequestsWithDraftTokens": 4}}
-        )
-
-        async def events() -> Iterator[str]:
-            for piece in pieces:
-                await asyncio.sleep(0.01)
-                yield f"data: {json.dumps({'choices': [{'delta': {'content': piece}}]})}\n\n"
-            yield f"data: {json.dumps({'choices': [], 'usage': {'completion_tokens': 9}})}\n\n"
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    @app.get("/metrics")
-    def metrics():
-        if trtllm:
-            drained, state["pending"] = state["pending"], []
-            return drained
-        return PlainTextResponse(
-            "# TYPE mathagent:spec_decode_num_accepted_tokens_total counter\n"
-            f"mathagent:spec_decode_num_accepted_tokens_total {state['accepted']}\n"
-            f'mathagent:spec_decode_num_drafts_total{{model="x"}} {state["drafts"]}\n'
-        )
-
-    return app
-
-
 @pytest.fixture(params=[False, True], ids=["prometheus", "trtllm-json"])
 def server(request) -> Iterator[str]:
-    config = uvicorn.Config(_app(request.param), host="127.0.0.1", port=0, log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    while not srv.started:
-        thread.join(0.02)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(10)
+    with serve(trtllm=request.param) as url:
+        yield url
 
 
 async def test_bench_table_over_two_endpoints(server: str, tmp_path: Path):
