@@ -125,7 +125,17 @@ def sandbox_build(
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if up to date.")] = False,
 ) -> None:
     """Build the sandbox image (offline, from Debian packages)."""
-    raise _not_yet("sandbox build")
+    import docker
+
+    from mathagent.sandbox.image import ImageBuildError, build_image
+
+    settings = Settings()
+    try:
+        done = build_image(settings.sandbox, force=force)
+    except (ImageBuildError, docker.errors.DockerException) as exc:
+        raise _fail(str(exc)) from exc
+    state = "built" if done.built else "up to date"
+    typer.echo(f"{done.image}: {state} in {done.seconds:.1f} s")
 
 
 @sandbox_app.command("serve")
@@ -134,7 +144,13 @@ def sandbox_serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default loopback).")] = None,
 ) -> None:
     """Serve the sandbox HTTP API."""
-    raise _not_yet("sandbox serve")
+    import uvicorn
+
+    from mathagent.sandbox.service import create_app
+
+    settings = Settings()
+    app = create_app(settings.sandbox)
+    uvicorn.run(app, host=host or settings.host, port=port, log_level="warning")
 
 
 @app.command("eval")

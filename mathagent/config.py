@@ -49,6 +49,11 @@ class SandboxSettings(BaseModel):
     timeout_s: float = Field(10.0, gt=0, description="default per-cell time limit")
     max_output_chars: int = Field(1000, ge=1, description="default output cap per stream")
     max_request_bytes: int = Field(1_000_000, ge=1024)
+    max_timeout_s: float = Field(300.0, gt=0, description="largest per-cell time limit accepted")
+    kill_grace_s: float = Field(1.0, gt=0, description="host deadline = timeout + this")
+    start_timeout_s: float = Field(60.0, gt=0, description="a container must be ready by then")
+    preload: str = Field("numpy,sympy", description="modules each worker imports while warm")
+    debian_mirror: str | None = Field(None, description="Debian mirror; unset = apt's own")
 
 
 class AgentSettings(BaseModel):
