@@ -24,7 +24,7 @@ BENCH_FILE = "bench.json"
 _STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;
-text-align:right}th{background:#f3f3f3}td.l,th.l{text-align:left}.ok{color:#080}.bad{color:#b00}
+text-align:right}th{background:#f3f3f3}td.l,th.l{text-align:left}
 img{max-width:100%;margin:0.5em 0}.meta{color:#666}
 """
 
