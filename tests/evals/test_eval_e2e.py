@@ -6,6 +6,7 @@ killed with SIGKILL twice resumes to every (problem, sample) exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -55,10 +56,8 @@ def _records(out: Path) -> list[dict]:
         return []
     records = []
     for line in path.read_text().splitlines():
-        try:
+        with contextlib.suppress(json.JSONDecodeError):  # a torn last line of a killed run
             records.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line of a killed run
-            pass
     return records
 
 
