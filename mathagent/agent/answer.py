@@ -55,7 +55,7 @@ def extract_answer(text: str) -> str | None:
 
 def normalize(answer: str) -> str:
     """A light canonical form for voting: no spaces, no ``$``, no trailing period."""
-    text = answer.strip().strip("$").rstrip(".").replace(" ", "")
+    text = answer.strip().rstrip(".").strip().strip("$").replace(" ", "")
     if text.startswith("\\text{") and text.endswith("}"):
         text = text[6:-1]
     return text

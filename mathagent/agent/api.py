@@ -5,8 +5,6 @@ Bad input gets a 4xx with a message: empty problems and absurd limits 422, overs
 sandbox outages do not fail the request: they come back as ``error`` fields in the result.
 """
 
-from __future__ import annotations
-
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -21,6 +19,7 @@ from mathagent.agent.result import SolveResult
 from mathagent.agent.solver import SolveOptions, Solver
 from mathagent.config import Settings
 
+_BEARER = HTTPBearer(auto_error=False)
 # Bodies beyond this many bytes over the problem limit are refused before parsing.
 BODY_SLACK_BYTES = 64 * 1024
 
@@ -80,9 +79,8 @@ def create_app(solver: Solver, settings: Settings) -> FastAPI:
         summary="Solve math problems with a tool-calling model and sandboxed Python.",
         version="0.1.0",
     )
-    bearer = HTTPBearer(auto_error=False)
 
-    def authorize(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+    def authorize(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
         if settings.api_key is None:
             return
         token = creds.credentials if creds else ""

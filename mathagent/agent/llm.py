@@ -256,3 +256,15 @@ def open_llm(
         retries=settings.retries,
         backoff_s=settings.backoff_s,
     )
+
+
+async def served_model(base_url: str, api_key: str = "EMPTY") -> str:
+    """The first model an endpoint lists (for ``--base-url`` without ``--model``)."""
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=1) as client:
+        try:
+            models = await client.models.list()
+        except openai.APIError as exc:
+            raise LLMError(f"cannot list the models at {base_url}: {exc}") from exc
+    if not models.data:
+        raise LLMError(f"the endpoint at {base_url} serves no model")
+    return models.data[0].id

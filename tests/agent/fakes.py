@@ -44,8 +44,11 @@ class FakeTokenizer:
 class FakeEndpoint:
     """Scripted OpenAI-compatible completions/chat endpoint."""
 
-    def __init__(self, turns: list[Turn]) -> None:
-        self.turns = list(turns)
+    def __init__(self, turns: list[Turn] | dict[int, list[Turn]]) -> None:
+        # A dict scripts each sample separately, keyed by the request's seed (seed + sample).
+        self.turns = (
+            {k: list(v) for k, v in turns.items()} if isinstance(turns, dict) else list(turns)
+        )
         self.requests: list[dict] = []
 
     def transport(self) -> httpx.MockTransport:
@@ -54,7 +57,8 @@ class FakeEndpoint:
     async def _handle(self, request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         self.requests.append(body)
-        turn = self.turns.pop(0) if self.turns else Turn(status=500)
+        script = self.turns[body.get("seed")] if isinstance(self.turns, dict) else self.turns
+        turn = script.pop(0) if script else Turn(status=500)
         if turn.hang:
             await asyncio.sleep(3600)
         if turn.status != 200:

@@ -66,7 +66,7 @@ async def test_openmath_transcript_byte_for_byte():
 
 async def test_qwen_transcript_byte_for_byte():
     turns = [Turn(["```python\nprint(2 + 2)\n"]), Turn(["\\boxed{4}"])]
-    events, result, endpoint, _ = await run(turns, template="qwen")
+    _, result, endpoint, _ = await run(turns, template="qwen")
     assert result.generation == "```python\nprint(2 + 2)\n```\n```output\n4\n```\n\\boxed{4}"
     assert endpoint.requests[0]["stop"] == ["```\n"]
     assert result.answer == "4"
