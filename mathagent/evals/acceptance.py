@@ -1,9 +1,11 @@
 """Speculative-decoding acceptance read from a server's ``/metrics`` during a run.
 
-Two formats exist. Prometheus text (the embedded engine, vLLM, SGLang) exposes running
-counters, so the run's acceptance is the difference between two scrapes:
-``*spec_decode_num_accepted_tokens_total`` and ``*spec_decode_num_drafts_total`` give
-acceptance length = 1 + accepted / drafts (tokens per target forward). TensorRT-LLM's
+Acceptance length is generated tokens per target-model forward. Two formats exist. Prometheus
+text (the embedded engine, vLLM, SGLang) exposes running counters, so a run's value comes from
+the difference of two scrapes: vLLM-style ``*spec_decode_num_accepted_tokens_total`` and
+``*spec_decode_num_drafts_total`` (tokens = drafts + accepted per draft step), or the embedded
+engine's ``*generation_tokens_total`` with ``*target_forwards_total`` (or, without that counter,
+its ``*acceptance_length`` gauge, from which the forwards are recovered). TensorRT-LLM's
 ``trtllm-serve`` answers JSON: the iteration stats since the last call, each with
 ``specDecodingStats`` {numAcceptedTokens, numRequestsWithDraftTokens, ...}; those are drained
 by every read, so the meter polls them while the run goes on and sums them.
@@ -24,37 +26,51 @@ _SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 
 @dataclass(frozen=True)
 class SpecCounters:
-    """Running totals: accepted draft tokens and verification steps that carried a draft."""
+    """Running totals: tokens produced and target-model forwards that produced them."""
 
-    accepted: float = 0.0
-    drafts: float = 0.0
+    tokens: float = 0.0
+    forwards: float = 0.0
 
     def __sub__(self, other: SpecCounters) -> SpecCounters:
-        return SpecCounters(self.accepted - other.accepted, self.drafts - other.drafts)
+        return SpecCounters(self.tokens - other.tokens, self.forwards - other.forwards)
 
     def __add__(self, other: SpecCounters) -> SpecCounters:
-        return SpecCounters(self.accepted + other.accepted, self.drafts + other.drafts)
+        return SpecCounters(self.tokens + other.tokens, self.forwards + other.forwards)
 
     @property
     def acceptance_length(self) -> float | None:
-        """Tokens per target forward (1 + accepted per draft); None without drafts."""
-        return 1.0 + self.accepted / self.drafts if self.drafts > 0 else None
+        """Tokens per target forward; None when nothing was generated."""
+        return self.tokens / self.forwards if self.forwards > 0 else None
 
 
 def parse_prometheus(text: str) -> SpecCounters | None:
     """Acceptance counters from Prometheus text; None when the server exports none."""
-    accepted = drafts = 0.0
-    found = False
+    values: dict[str, float] = {}
     for line in text.splitlines():
         match = _SAMPLE.match(line)
         if match is None or line.startswith("#"):
             continue
-        name, value = match.group(1), float(match.group(3))
-        if name.endswith("spec_decode_num_accepted_tokens_total"):
-            accepted, found = accepted + value, True
-        elif name.endswith("spec_decode_num_drafts_total"):
-            drafts, found = drafts + value, True
-    return SpecCounters(accepted, drafts) if found else None
+        for suffix in (
+            "spec_decode_num_accepted_tokens_total",
+            "spec_decode_num_drafts_total",
+            "generation_tokens_total",
+            "target_forwards_total",
+            "acceptance_length",
+        ):
+            if match.group(1).endswith(suffix):
+                values[suffix] = values.get(suffix, 0.0) + float(match.group(3))
+    drafts = values.get("spec_decode_num_drafts_total")
+    if drafts is not None:
+        return SpecCounters(
+            drafts + values.get("spec_decode_num_accepted_tokens_total", 0.0), drafts
+        )
+    tokens = values.get("generation_tokens_total")
+    if tokens is None:
+        return None
+    if "target_forwards_total" in values:
+        return SpecCounters(tokens, values["target_forwards_total"])
+    gauge = values.get("acceptance_length")
+    return SpecCounters(tokens, tokens / gauge) if gauge else None
 
 
 def parse_trtllm(stats: object) -> SpecCounters | None:
@@ -69,10 +85,8 @@ def parse_trtllm(stats: object) -> SpecCounters | None:
         if not isinstance(spec, dict):
             continue
         found = True
-        total += SpecCounters(
-            float(spec.get("numAcceptedTokens", 0)),
-            float(spec.get("numRequestsWithDraftTokens", 0)),
-        )
+        steps = float(spec.get("numRequestsWithDraftTokens", 0))
+        total += SpecCounters(float(spec.get("numAcceptedTokens", 0)) + steps, steps)
     return total if found else None
 
 

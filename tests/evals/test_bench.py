@@ -59,6 +59,16 @@ def test_parsers():
     text = "# HELP x\nvllm:spec_decode_num_accepted_tokens_total 30\nvllm:spec_decode_num_drafts_total 10\n"
     assert parse_prometheus(text).acceptance_length == 4.0
     assert parse_prometheus("other_metric 1\n") is None
+    engine = 'mathagent_generation_tokens_total{model_name="m"} 300\nmathagent_target_forwards_total 120\n'
+    assert parse_prometheus(engine).acceptance_length == 2.5
+    gauge = 'mathagent_generation_tokens_total{model_name="m"} 300\nmathagent_acceptance_length{model_name="m"} 2.000\n'
+    assert parse_prometheus(gauge).forwards == 150
+    assert (
+        parse_prometheus(
+            "mathagent_generation_tokens_total 0\nmathagent_acceptance_length 1.0\n"
+        ).acceptance_length
+        is None
+    )
     stats = [
         {"specDecodingStats": {"numAcceptedTokens": 3, "numRequestsWithDraftTokens": 2}},
         {"x": 1},
