@@ -1,7 +1,8 @@
-"""End to end on the real default model: `mathagent eval` starts the embedded engine itself.
+"""End to end on the real default model and the real agent, in real `mathagent eval` processes.
 
-The sample set with tools on (real Docker sandbox) and off, the report renders, and a real run
-killed with SIGKILL twice resumes to every (problem, sample) exactly once.
+With tools, `mathagent eval` starts the embedded engine and the Docker sandbox itself. Without
+tools, runs go to one embedded server started here (a single model load), and a run killed
+with SIGKILL twice resumes to every (problem, sample) exactly once. The report renders.
 """
 
 from __future__ import annotations
@@ -15,22 +16,33 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mathagent.serving.server", reason="the embedded engine is not merged")
+from mathagent.config import EngineSettings, Settings
 
 pytestmark = [pytest.mark.model]
 LIMIT = 5
+KILLED_LIMIT = 4
 # Short generations keep a CPU run to a few minutes; the default model answers within them.
 ENV = {
     **os.environ,
-    "MATHAGENT_AGENT__MAX_TOKENS": "384",
+    "MATHAGENT_AGENT__MAX_TOKENS": "192",
     "MATHAGENT_AGENT__WALL_TIME_S": "240",
     "MATHAGENT_ENGINE__THREADS": "2",
     "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
 }
+
+
+@pytest.fixture(scope="module")
+def server_url() -> Iterator[str]:
+    from mathagent.serving.server import EmbeddedServer
+
+    settings = Settings(base_url=None, model=None, engine=EngineSettings(threads=2))
+    with EmbeddedServer(settings, port=0) as server:
+        yield server.base_url
 
 
 def _command(out: Path, *extra: str) -> list[str]:
@@ -40,7 +52,7 @@ def _command(out: Path, *extra: str) -> list[str]:
 
 def _eval(out: Path, *extra: str) -> dict:
     done = subprocess.run(
-        _command(out, "--limit", str(LIMIT), "--json", *extra),
+        _command(out, "--json", *extra),
         capture_output=True,
         text=True,
         timeout=900,
@@ -69,7 +81,7 @@ def _assert_report(out: Path) -> None:
 
 @pytest.mark.docker
 def test_sample_set_with_tools(tmp_path: Path):
-    summary = _eval(tmp_path)
+    summary = _eval(tmp_path, "--limit", str(LIMIT))
     assert summary["num_entries"] == LIMIT and summary["complete"]
     assert summary["meta"]["tools"] is True
     records = _records(tmp_path)
@@ -79,18 +91,10 @@ def test_sample_set_with_tools(tmp_path: Path):
     _assert_report(tmp_path)
 
 
-def test_sample_set_without_tools(tmp_path: Path):
-    summary = _eval(tmp_path, "--no-tools")
-    assert summary["num_entries"] == LIMIT and summary["complete"]
-    assert summary["tool_calls_per_solution"] == 0
-    assert summary["tokens_per_s"] > 0
-    _assert_report(tmp_path)
-
-
-def _run_and_kill(out: Path, at_least: int) -> int:
+def _run_and_kill(out: Path, url: str, at_least: int) -> int:
     # A new session: SIGKILL reaches the CLI and anything it started, nothing else.
     proc = subprocess.Popen(
-        _command(out, "--limit", "6", "--no-tools", "--samples", "2"),
+        _command(out, "--limit", str(KILLED_LIMIT), "--no-tools", "--base-url", url),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=ENV,
@@ -104,18 +108,15 @@ def _run_and_kill(out: Path, at_least: int) -> int:
     return len(_records(out))
 
 
-def test_real_run_killed_twice_resumes_exactly_once(tmp_path: Path):
-    first = _run_and_kill(tmp_path, 1)
-    second = _run_and_kill(tmp_path, first + 2)
-    assert 1 <= first < second < 12
-    done = subprocess.run(
-        _command(tmp_path, "--limit", "6", "--no-tools", "--samples", "2", "--json"),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=ENV,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+def test_sample_set_without_tools_killed_twice_resumes_exactly_once(tmp_path: Path, server_url):
+    first = _run_and_kill(tmp_path, server_url, 1)
+    second = _run_and_kill(tmp_path, server_url, first + 1)
+    assert 1 <= first < second < KILLED_LIMIT
+    limit = ["--limit", str(KILLED_LIMIT)]
+    summary = _eval(tmp_path, "--no-tools", "--base-url", server_url, *limit)
     keys = Counter((r["id"], r["sample"]) for r in _records(tmp_path))
-    assert len(keys) == 12 and set(keys.values()) == {1}
-    assert json.loads(done.stdout)["complete"]
+    assert len(keys) == KILLED_LIMIT and set(keys.values()) == {1}
+    assert summary["complete"] and summary["num_entries"] == KILLED_LIMIT
+    assert summary["tool_calls_per_solution"] == 0 and summary["tokens_per_s"] > 0
+    assert summary["meta"]["tools"] is False
+    _assert_report(tmp_path)
