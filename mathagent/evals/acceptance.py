@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from mathagent.serving.acceptance import acceptance_from_stats
+
 _SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 
 
@@ -77,17 +79,11 @@ def parse_trtllm(stats: object) -> SpecCounters | None:
     """Acceptance counters summed over TensorRT-LLM iteration stats (a JSON list)."""
     if not isinstance(stats, list):
         return None
-    total, found = SpecCounters(), False
-    for entry in stats:
-        # Some TensorRT-LLM versions queue each iteration as a JSON string.
-        item = json.loads(entry) if isinstance(entry, str) else entry
-        spec = item.get("specDecodingStats") if isinstance(item, dict) else None
-        if not isinstance(spec, dict):
-            continue
-        found = True
-        steps = float(spec.get("numRequestsWithDraftTokens", 0))
-        total += SpecCounters(float(spec.get("numAcceptedTokens", 0)) + steps, steps)
-    return total if found else None
+    found = acceptance_from_stats(stats)
+    if found is None:
+        return None
+    # Each request-step with drafts is one target forward yielding 1 + its accepted tokens.
+    return SpecCounters(found.accepted + found.requests, found.requests)
 
 
 def metrics_url(base_url: str) -> str:

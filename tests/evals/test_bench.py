@@ -70,7 +70,13 @@ def test_parsers():
         is None
     )
     stats = [
-        {"specDecodingStats": {"numAcceptedTokens": 3, "numRequestsWithDraftTokens": 2}},
+        {
+            "specDecodingStats": {
+                "numDraftTokens": 6,
+                "numAcceptedTokens": 3,
+                "numRequestsWithDraftTokens": 2,
+            }
+        },
         {"x": 1},
     ]
     assert parse_trtllm(stats).acceptance_length == 2.5
