@@ -104,6 +104,7 @@ class Verifier:
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env=env,
+            cwd=root,  # `-m` puts the working directory first on sys.path
             bufsize=0,
         )
         try:
