@@ -47,32 +47,38 @@ class SpecCounters:
 
 def parse_prometheus(text: str) -> SpecCounters | None:
     """Acceptance counters from Prometheus text; None when the server exports none."""
-    values: dict[str, float] = {}
+    counters: dict[str, float] = {}
+    gauges: dict[str, float] = {}  # gauges are not summed: pick one by name below
     for line in text.splitlines():
         match = _SAMPLE.match(line)
         if match is None or line.startswith("#"):
             continue
-        for suffix in (
-            "spec_decode_num_accepted_tokens_total",
-            "spec_decode_num_drafts_total",
-            "generation_tokens_total",
-            "target_forwards_total",
-            "acceptance_length",
-        ):
-            if match.group(1).endswith(suffix):
-                values[suffix] = values.get(suffix, 0.0) + float(match.group(3))
-    drafts = values.get("spec_decode_num_drafts_total")
+        name, value = match.group(1), float(match.group(3))
+        if name.endswith("acceptance_length"):
+            gauges[name] = value
+        for suffix in _COUNTERS:
+            if name.endswith(suffix):
+                counters[suffix] = counters.get(suffix, 0.0) + value
+    drafts = counters.get("spec_decode_num_drafts_total")
     if drafts is not None:
-        return SpecCounters(
-            drafts + values.get("spec_decode_num_accepted_tokens_total", 0.0), drafts
-        )
-    tokens = values.get("generation_tokens_total")
+        accepted = counters.get("spec_decode_num_accepted_tokens_total", 0.0)
+        return SpecCounters(drafts + accepted, drafts)
+    tokens = counters.get("generation_tokens_total")
     if tokens is None:
         return None
-    if "target_forwards_total" in values:
-        return SpecCounters(tokens, values["target_forwards_total"])
-    gauge = values.get("acceptance_length")
+    if "target_forwards_total" in counters:
+        return SpecCounters(tokens, counters["target_forwards_total"])
+    # The plainest name (``mathagent_acceptance_length``) is the whole engine's figure.
+    gauge = gauges[min(gauges, key=len)] if gauges else None
     return SpecCounters(tokens, tokens / gauge) if gauge else None
+
+
+_COUNTERS = (
+    "spec_decode_num_accepted_tokens_total",
+    "spec_decode_num_drafts_total",
+    "generation_tokens_total",
+    "target_forwards_total",
+)
 
 
 def parse_trtllm(stats: object) -> SpecCounters | None:

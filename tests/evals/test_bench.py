@@ -63,6 +63,8 @@ def test_parsers():
     assert parse_prometheus(engine).acceptance_length == 2.5
     gauge = 'mathagent_generation_tokens_total{model_name="m"} 300\nmathagent_acceptance_length{model_name="m"} 2.000\n'
     assert parse_prometheus(gauge).forwards == 150
+    both = gauge + 'mathagent_spec_acceptance_length{model_name="m"} 2.1\n'
+    assert parse_prometheus(both).acceptance_length == 2.0  # gauges are not added up
     assert (
         parse_prometheus(
             "mathagent_generation_tokens_total 0\nmathagent_acceptance_length 1.0\n"
