@@ -120,38 +120,121 @@ def api(
         raise _fail(str(exc)) from exc
 
 
+class Launcher(StrEnum):
+    native = "native"
+    docker = "docker"
+
+
 @app.command()
 def serve(
     engine: Annotated[EngineKind, typer.Option(help="Which engine to run.")] = EngineKind.embedded,
     preset: Annotated[str | None, typer.Option(help="Named speculative configuration.")] = None,
     model: Annotated[str | None, typer.Option(help="Model path or name.")] = None,
     speculative: Annotated[
-        str | None, typer.Option(help="none | ngram | draft:PATH | redrafter:PATH")
+        str | None,
+        typer.Option(
+            help="none | ngram | draft:PATH | redrafter:PATH (external: also eagle3:PATH)"
+        ),
     ] = None,
     port: Annotated[int, typer.Option(help="Port to listen on.")] = ENGINE_PORT,
     host: Annotated[str | None, typer.Option(help="Bind address (default loopback).")] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Write configs and print commands only.")
     ] = False,
+    tp_size: Annotated[int | None, typer.Option(min=1, help="Tensor-parallel GPUs.")] = None,
+    max_draft_len: Annotated[int | None, typer.Option(min=1, help="Draft tokens per step.")] = None,
+    trtllm_version: Annotated[
+        str | None, typer.Option(help="TensorRT-LLM version to write the YAML for (1.0, 1.2, ...).")
+    ] = None,
+    nodes: Annotated[
+        str | None, typer.Option(help="Comma-separated node addresses (multi-node hostfile).")
+    ] = None,
+    interfaces: Annotated[
+        str | None, typer.Option(help="Comma-separated network interfaces for UCX/NCCL/MPI.")
+    ] = None,
+    launcher: Annotated[
+        Launcher, typer.Option(help="trtllm: native binaries or the NGC docker image.")
+    ] = Launcher.native,
+    image: Annotated[str | None, typer.Option(help="Docker image for --launcher docker.")] = None,
+    iter_stats: Annotated[
+        bool, typer.Option("--iter-stats", help="trtllm: enable_iter_perf_stats for /metrics.")
+    ] = False,
+    out: Annotated[Path | None, typer.Option(help="Folder for the YAML and scripts.")] = None,
+    examples_dir: Annotated[
+        str | None, typer.Option(help="TensorRT-LLM examples folder (ReDrafter build).")
+    ] = None,
+    calib_dataset: Annotated[
+        str | None, typer.Option(help="Calibration set for FP8 quantization (ReDrafter).")
+    ] = None,
+    health_timeout: Annotated[
+        float, typer.Option(min=1.0, help="Seconds to wait for GET /health.")
+    ] = 1800.0,
 ) -> None:
     """Start an OpenAI-compatible inference server."""
-    if engine is not EngineKind.embedded:
-        raise _not_yet(f"serve --engine {engine.value}")
-    from mathagent.serving.engine.config import EngineConfigError
-    from mathagent.serving.engine.loader import ModelLoadError
-    from mathagent.serving.engine.model import UnsupportedModelError
-    from mathagent.serving.server import serve as run_server
+    if engine is EngineKind.embedded:
+        from mathagent.serving.engine.config import EngineConfigError
+        from mathagent.serving.engine.loader import ModelLoadError
+        from mathagent.serving.engine.model import UnsupportedModelError
+        from mathagent.serving.server import serve as run_server
 
-    settings = Settings()
-    if speculative is not None:
-        settings.engine.speculative = speculative
+        settings = Settings()
+        if speculative is not None:
+            settings.engine.speculative = speculative
+        if dry_run:
+            typer.echo(f"embedded engine: model={model or settings.model or 'default'} port={port}")
+            return
+        try:
+            run_server(settings, model, host or settings.host, port)
+        except (EngineConfigError, ModelLoadError, UnsupportedModelError) as exc:
+            raise _fail(str(exc)) from exc
+        return
+    from mathagent.serving.launch import ServeRequest, build_plan, resolve_preset, run_plan
+    from mathagent.serving.plan import NoEquivalent
+    from mathagent.serving.process import ServeError
+
+    name = preset or "custom"
+    request = ServeRequest(
+        engine=engine.value,
+        preset=preset,
+        model=model,
+        speculative=speculative,
+        tp_size=tp_size,
+        max_draft_len=max_draft_len,
+        host=host,
+        port=None if port == ENGINE_PORT else port,  # a preset's own port wins over the default
+        nodes=_split(nodes),
+        interfaces=_split(interfaces),
+        iter_stats=iter_stats,
+        trtllm_version=trtllm_version,
+        launcher=launcher.value,
+        image=image,
+        calib_dataset=calib_dataset,
+        out=out or Settings().cache_dir / "serve" / f"{engine.value}-{name}",
+        health_timeout_s=health_timeout,
+        **({"examples_dir": examples_dir} if examples_dir else {}),
+    )
+    try:
+        plan, info = build_plan(request, resolve_preset(request))
+    except (NoEquivalent, KeyError, ValueError) as exc:
+        raise _fail(str(exc).strip("'\"")) from exc
+    written = plan.write_files()
+    for line in info:
+        typer.echo(f"# {line}")
+    typer.echo(f"# config folder: {request.out.resolve()}")
+    for path in written:
+        typer.echo(f"# wrote {path}")
+    typer.echo(plan.describe())
     if dry_run:
-        typer.echo(f"embedded engine: model={model or settings.model or 'default'} port={port}")
         return
     try:
-        run_server(settings, model, host or settings.host, port)
-    except (EngineConfigError, ModelLoadError, UnsupportedModelError) as exc:
+        code = run_plan(plan, lambda line: typer.echo(line, err=True), health_timeout)
+    except ServeError as exc:
         raise _fail(str(exc)) from exc
+    raise typer.Exit(code)
+
+
+def _split(value: str | None) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()] if value else []
 
 
 @app.command()
@@ -220,11 +303,20 @@ def sandbox_serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default loopback).")] = None,
 ) -> None:
     """Serve the sandbox HTTP API."""
+    import docker
     import uvicorn
 
+    from mathagent.sandbox.image import image_tag
     from mathagent.sandbox.service import create_app
 
     settings = Settings()
+    tag = image_tag(settings.sandbox)
+    try:
+        docker.from_env().images.get(tag)
+    except docker.errors.ImageNotFound as exc:
+        raise _fail(f"image {tag} is missing: run `mathagent sandbox build`") from exc
+    except docker.errors.DockerException as exc:
+        raise _fail(f"Docker is not available: {exc}") from exc
     app = create_app(settings.sandbox)
     uvicorn.run(app, host=host or settings.host, port=port, log_level="warning")
 
@@ -241,10 +333,86 @@ def eval_(
     limit: Annotated[int | None, typer.Option(min=1, help="First K problems only.")] = None,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
     model: Annotated[str | None, typer.Option(help="Model name (or path when embedded).")] = None,
+    temperature: Annotated[
+        float | None, typer.Option(min=0.0, help="Sampling temperature.")
+    ] = None,
+    max_tokens: Annotated[int | None, typer.Option(min=1, help="Tokens per generation.")] = None,
+    max_tool_calls: Annotated[int | None, typer.Option(min=0, help="Code executions.")] = None,
+    prompt_format: Annotated[
+        str | None, typer.Option(help="auto | openmath | qwen | gpt-oss | fewshot")
+    ] = None,
+    column: Annotated[
+        list[str] | None, typer.Option(help="FIELD=COLUMN for id/problem/answer, repeatable.")
+    ] = None,
+    modulo: Annotated[
+        int | None, typer.Option(min=2, help="Grade integer answers modulo this (AIMO: 1000).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Evaluate the agent on a dataset; writes results.jsonl, summary.json, report.html."""
-    raise _not_yet("eval")
+    import asyncio
+
+    from mathagent.evals.eval_command import EvalRequest, run_eval_command
+
+    overrides = {
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "max_tool_calls": max_tool_calls,
+        "prompt_format": prompt_format,
+    }
+    request = EvalRequest(
+        dataset=dataset,
+        out=out,
+        samples=samples,
+        concurrency=concurrency,
+        tools=not no_tools,
+        limit=limit,
+        columns=_columns(column),
+        modulo=modulo,
+        progress=not as_json,
+    )
+    settings = _settings_with(base_url, model, overrides)
+    try:
+        summary = asyncio.run(run_eval_command(request, settings))
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise _fail(str(exc)) from exc
+    _print_summary(summary, out, as_json)
+    if summary.get("num_failed"):
+        raise _fail(f"{summary['num_failed']} samples failed (see the log); re-run to retry them")
+
+
+def _columns(specs: list[str] | None) -> dict[str, str]:
+    columns = {}
+    for spec in specs or []:
+        key, sep, name = spec.partition("=")
+        if not sep or not key or not name:
+            raise _fail(f"--column wants FIELD=COLUMN, got {spec!r}")
+        columns[key.strip()] = name.strip()
+    return columns
+
+
+def _settings_with(base_url: str | None, model: str | None, agent: dict) -> Settings:
+    top = {k: v for k, v in {"base_url": base_url, "model": model}.items() if v is not None}
+    settings = Settings(**top)
+    updates = {k: v for k, v in agent.items() if v is not None}
+    if updates:
+        merged = {**settings.agent.model_dump(), **updates}
+        settings.agent = type(settings.agent).model_validate(merged)
+    return settings
+
+
+def _print_summary(summary: dict, out: Path, as_json: bool) -> None:
+    if as_json:
+        _print_json(summary)
+        return
+    keys = [k for k in summary if k.startswith(("pass@", "majority@"))]
+    keys += ["no_answer", "avg_tokens", "tool_calls_per_solution", "tokens_per_s"]
+    keys += ["latency_p50_s", "acceptance_length", "num_entries", "num_samples", "num_failed"]
+    for key in keys:
+        if key in summary:
+            value = summary[key]
+            typer.echo(f"{key:28} {value:.2f}" if isinstance(value, float) else f"{key:28} {value}")
+    typer.echo(f"report: {out / 'report.html'}")
 
 
 @app.command()
@@ -253,16 +421,53 @@ def bench(
     dataset: Annotated[str, typer.Option(help="Dataset path or name.")],
     out: Annotated[Path, typer.Option(help="Output folder.")],
     limit: Annotated[int | None, typer.Option(min=1, help="First K problems only.")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight.")] = 4,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens per request.")] = 1024,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 0.0,
+    model: Annotated[
+        str | None, typer.Option(help="Model name (default: the endpoint's first).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON.")] = False,
 ) -> None:
     """Compare serving configurations on the same problems."""
-    raise _not_yet("bench")
+    import asyncio
+
+    from mathagent.evals.bench import BenchConfig, BenchError, Endpoint, run_bench
+    from mathagent.evals.datasets import DatasetError, load_dataset
+
+    settings = Settings()
+    try:
+        endpoints = [Endpoint.parse(spec) for spec in endpoint]
+        problems = load_dataset(dataset, data_dir=settings.data_dir, limit=limit)
+        config = BenchConfig(out, concurrency, max_tokens, temperature, model)
+        table = asyncio.run(run_bench(endpoints, problems, config, meta={"dataset": dataset}))
+    except (BenchError, DatasetError) as exc:
+        raise _fail(str(exc)) from exc
+    if as_json:
+        _print_json(table)
+        return
+    for row in table["rows"]:
+        acceptance = row["acceptance_length"]
+        typer.echo(
+            f"{row['name']:12} {row['total_generation_s']:8.1f} s  "
+            f"{row['batch_tokens_per_s']:8.1f} tok/s  "
+            f"{row['per_request_tokens_per_s']:6.1f} ± {row['per_request_tokens_per_s_sd']:.1f} "
+            f"tok/s/req  TTFT {row['ttft_s']:.3f} s  "
+            f"acc.len {'n/a' if acceptance is None else f'{acceptance:.2f}'}  "
+            f"accuracy {row['accuracy']:.1f}%"
+        )
+    typer.echo(f"report: {out / 'report.html'}")
 
 
 @app.command()
 def report(out: Annotated[Path, typer.Argument(help="An eval or bench output folder.")]) -> None:
     """Rebuild report.html for an eval or bench folder."""
-    raise _not_yet("report")
+    from mathagent.evals.report import write_report
+
+    try:
+        typer.echo(str(write_report(out)))
+    except (FileNotFoundError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
 
 
 @app.command("train-drafter")

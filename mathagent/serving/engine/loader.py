@@ -54,6 +54,9 @@ RANDOM_SHAPES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
 class ModelLoadError(ValueError):
     """The model spec names nothing this engine can load."""
 
@@ -63,7 +66,7 @@ class LoadedModel:
     """A ready model plus what the engine needs around it."""
 
     model: Transformer
-    tokenizer: Any | None  # a transformers tokenizer; None for random-weight models
+    tokenizer: Any | None  # a transformers tokenizer; None: prompts must be token ids
     name: str  # the served model name
     path: Path | None  # the Hugging Face folder the weights came from
     eos_token_ids: tuple[int, ...]
@@ -71,8 +74,8 @@ class LoadedModel:
 
 def _supported() -> str:
     return (
-        "a Hugging Face folder (config.json + *.safetensors + tokenizer), a .gguf file, or "
-        f"random:<{'|'.join(RANDOM_SHAPES)}>; architectures: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        "supported models: a Hugging Face folder (config.json + *.safetensors + tokenizer), a .gguf file, or "
+        f"random:<{'|'.join(RANDOM_SHAPES)}>; supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}"
     )
 
 
@@ -97,7 +100,7 @@ def resolve_folder(spec: str | None, model_dir: Path) -> tuple[Path, str]:
     if path.is_file() and path.suffix == ".gguf":
         name = DEFAULT_MODEL_NAME if path.name == DEFAULT_GGUF_NAME else gguf_model_name(path)
         return convert_gguf(path, model_dir), name
-    raise ModelLoadError(f"cannot load model {spec!r}: expected {_supported()}")
+    raise ModelLoadError(f"cannot load model {spec!r}; {_supported()}")
 
 
 def gguf_model_name(path: Path) -> str:
@@ -181,7 +184,7 @@ def _read_state_dict(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor
     pieces: dict[str, dict[int, torch.Tensor]] = {}
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ModelLoadError(f"{folder} holds no *.safetensors weights; expected {_supported()}")
+        raise ModelLoadError(f"{folder} holds no *.safetensors weights; {_supported()}")
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
@@ -211,20 +214,22 @@ def load_hf_folder(
             f"{folder}: missing weights {missing[:5]}, unexpected {unexpected[:5]}"
         )
     model = model.to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = None
+    if any((folder / f).is_file() for f in _TOKENIZER_FILES):
+        tokenizer = AutoTokenizer.from_pretrained(folder)
     eos = set(args.eos_token_ids)
     gen_cfg = folder / "generation_config.json"
     if gen_cfg.is_file():
         extra = json.loads(gen_cfg.read_text()).get("eos_token_id")
         eos.update(extra if isinstance(extra, list) else [] if extra is None else [extra])
-    if tokenizer.eos_token_id is not None:
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     return LoadedModel(model, tokenizer, name or folder.name, folder, tuple(sorted(eos)))
 
 
 def _load_random(shape: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     if shape not in RANDOM_SHAPES:
-        raise ModelLoadError(f"unknown random shape {shape!r}; expected {_supported()}")
+        raise ModelLoadError(f"unknown random shape {shape!r}; {_supported()}")
     args = ModelArgs.from_hf_config(RANDOM_SHAPES[shape])
     with torch.device("meta"):
         model = Transformer(args)
