@@ -32,7 +32,7 @@ def trtllm_tensor_names(config: dict) -> set[str]:
 def assert_trtllm_checkpoint(path: Path) -> None:
     """The folder holds exactly what the TensorRT-LLM converter looks up."""
     config = json.loads((path / "config.json").read_text())
-    assert TRTLLM_CONFIG_KEYS <= config.keys()
+    assert config.keys() >= TRTLLM_CONFIG_KEYS
     assert set(load_file(str(path / "model.safetensors"))) == trtllm_tensor_names(config)
 
 
