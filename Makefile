@@ -29,12 +29,12 @@ demo: setup
 	$(VENV)/bin/mathagent solve "$(DEMO_PROBLEM)"
 
 test: setup
-	$(VENV)/bin/ruff check mathagent tests benchmarks
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/pytest
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check mathagent tests benchmarks
-	$(VENV)/bin/ruff format --check mathagent tests benchmarks
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf $(VENV)
