@@ -7,9 +7,11 @@ does the work. Imports of the heavy parts happen inside the commands so ``--help
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -74,7 +76,32 @@ def solve(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Solve one problem; the last line of plain output is the final answer."""
-    raise _not_yet("solve")
+    import asyncio
+
+    from mathagent.agent.solver import SolveOptions
+
+    if not problem.strip():
+        raise _fail("the problem is empty", code=2)
+    settings = Settings()
+    settings.base_url = base_url or settings.base_url
+    settings.model = model or settings.model
+    options = SolveOptions(
+        tools=not no_tools,
+        samples=samples,
+        max_tool_calls=max_tool_calls,
+        temperature=temperature,
+        max_tokens=max_tokens,
+    )
+    try:
+        result = asyncio.run(_solve(settings, problem, options, show=not as_json))
+    except _AGENT_ERRORS as exc:
+        raise _fail(str(exc)) from exc
+    if as_json:
+        _print_json(result.model_dump(mode="json"))
+    elif result.answer is None:
+        raise _fail(result.error or "no final answer was found")
+    else:
+        typer.echo(result.answer)
 
 
 @app.command()
@@ -83,7 +110,14 @@ def api(
     host: Annotated[str | None, typer.Option(help="Bind address (default loopback).")] = None,
 ) -> None:
     """Serve the /solve HTTP API."""
-    raise _not_yet("api")
+    import asyncio
+
+    settings = Settings()
+    settings.host = host or settings.host
+    try:
+        asyncio.run(_serve_api(settings, port))
+    except _AGENT_ERRORS as exc:
+        raise _fail(str(exc)) from exc
 
 
 @app.command()
@@ -167,7 +201,17 @@ def sandbox_build(
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if up to date.")] = False,
 ) -> None:
     """Build the sandbox image (offline, from Debian packages)."""
-    raise _not_yet("sandbox build")
+    import docker
+
+    from mathagent.sandbox.image import ImageBuildError, build_image
+
+    settings = Settings()
+    try:
+        done = build_image(settings.sandbox, force=force)
+    except (ImageBuildError, docker.errors.DockerException) as exc:
+        raise _fail(str(exc)) from exc
+    state = "built" if done.built else "up to date"
+    typer.echo(f"{done.image}: {state} in {done.seconds:.1f} s")
 
 
 @sandbox_app.command("serve")
@@ -176,7 +220,13 @@ def sandbox_serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default loopback).")] = None,
 ) -> None:
     """Serve the sandbox HTTP API."""
-    raise _not_yet("sandbox serve")
+    import uvicorn
+
+    from mathagent.sandbox.service import create_app
+
+    settings = Settings()
+    app = create_app(settings.sandbox)
+    uvicorn.run(app, host=host or settings.host, port=port, log_level="warning")
 
 
 @app.command("eval")
@@ -289,6 +339,63 @@ def _drafter_prompt(record: dict, engine) -> str:
     template = select_template(settings.agent.prompt_format, engine.model_name, tools=True)
     messages = template.messages(record["problem"], settings.agent.max_tool_calls)
     return ChatTemplate(engine.tokenizer).render(messages)
+
+
+# Setup failures of the agent's parts, reported as one clear line.
+_AGENT_ERRORS = (RuntimeError, OSError, ValueError)
+
+
+@asynccontextmanager
+async def _agent(settings: Settings, tools: bool) -> AsyncIterator[Any]:
+    """A Solver over the configured endpoint, or over the embedded engine started here."""
+    from mathagent.agent.llm import served_model
+    from mathagent.agent.solver import build_solver
+
+    async with AsyncExitStack() as stack:
+        base_url, model = settings.base_url, settings.model
+        if base_url is None:
+            from mathagent.serving.server import EmbeddedServer
+
+            server = stack.enter_context(EmbeddedServer(settings, model=settings.model))
+            base_url, model = server.base_url, server.model_name
+        elif model is None:
+            model = await served_model(base_url, settings.llm_api_key)
+        sandbox = None
+        if tools:
+            from mathagent.sandbox import open_sandbox
+
+            sandbox = await stack.enter_async_context(open_sandbox(settings))
+        yield build_solver(settings, base_url, model, sandbox)
+
+
+async def _solve(settings: Settings, problem: str, options: Any, show: bool) -> Any:
+    from rich.console import Console
+
+    from mathagent.agent.events import ResultEvent
+    from mathagent.agent.transcript import Transcript
+
+    transcript, result = Transcript(Console(highlight=False)), None
+    async with (
+        _agent(settings, options.tools) as solver,
+        aclosing(solver.stream(problem, options)) as events,
+    ):
+        async for event in events:
+            if show:
+                transcript.show(event)
+            if isinstance(event, ResultEvent):
+                result = event.result
+    return result
+
+
+async def _serve_api(settings: Settings, port: int) -> None:
+    import uvicorn
+
+    from mathagent.agent.api import create_app
+
+    async with _agent(settings, tools=True) as solver:
+        app = create_app(solver, settings)
+        config = uvicorn.Config(app, host=settings.host, port=port, log_level="info")
+        await uvicorn.Server(config).serve()
 
 
 def _print_json(obj: object) -> None:
