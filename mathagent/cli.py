@@ -192,8 +192,17 @@ def generate(
             "tokens": len(result.token_ids),
             "tokens_per_s": round(len(result.token_ids) / elapsed, 3) if elapsed > 0 else 0.0,
             "acceptance_length": round(m.acceptance_length, 3),
+            **_speculative_fields(m.speculative),
         }
     )
+
+
+def _speculative_fields(stats: dict | None) -> dict:
+    """accepted/drafted and per-position acceptance of a speculative run (empty otherwise)."""
+    if stats is None:
+        return {}
+    keys = ("drafted_tokens", "accepted_tokens", "acceptance_rate", "per_position_acceptance")
+    return {k: stats[k] for k in keys}
 
 
 @sandbox_app.command("build")

@@ -47,7 +47,9 @@ def tiny_engine() -> LLMEngine:
         SpecMethod("draft", "tiny"), DraftModelProposer(draft_runner(draft, engine.runner))
     )
     torch.manual_seed(3)
-    drafter = Drafter(DrafterConfig(vocab_size=1024, hidden_size=64, exit_dim=128, num_draft_layers=1))
+    drafter = Drafter(
+        DrafterConfig(vocab_size=1024, hidden_size=64, exit_dim=128, num_draft_layers=1)
+    )
     with torch.no_grad():
         drafter.lm_head[-1].weight.mul_(40.0)
     emb = engine.runner.model.tok_embeddings.weight
@@ -58,9 +60,13 @@ def tiny_engine() -> LLMEngine:
 def _next_probs(engine: LLMEngine, prefix: list[int]) -> torch.Tensor:
     """The warped target distribution after ``prefix`` (slot 0, nothing else running)."""
     toks = torch.tensor([prefix])
-    logits, _ = engine.runner.forward(toks, torch.arange(len(prefix))[None], [0], logits_last_only=True)
+    logits, _ = engine.runner.forward(
+        toks, torch.arange(len(prefix))[None], [0], logits_last_only=True
+    )
     params = SamplingParams(**PARAMS)
-    return Sampler.probs(logits[:, -1], SamplingBatch.build([params], [None], engine.runner.device))[0]
+    return Sampler.probs(
+        logits[:, -1], SamplingBatch.build([params], [None], engine.runner.device)
+    )[0]
 
 
 def _exact_marginals(engine: LLMEngine, depth: int) -> list[torch.Tensor]:
@@ -82,7 +88,9 @@ def _exact_marginals(engine: LLMEngine, depth: int) -> list[torch.Tensor]:
 @pytest.mark.parametrize("method", ["draft:tiny", "redrafter:tiny"])
 def test_sampling_matches_the_target_distribution(tiny_engine, method) -> None:
     exact = _exact_marginals(tiny_engine, 3)
-    params = [SamplingParams(max_tokens=3, seed=i, speculative=method, **PARAMS) for i in range(SAMPLES)]
+    params = [
+        SamplingParams(max_tokens=3, seed=i, speculative=method, **PARAMS) for i in range(SAMPLES)
+    ]
     results = tiny_engine.generate([PROMPT] * SAMPLES, params)
     assert all(len(r.token_ids) == 3 for r in results)
     for pos in range(3):

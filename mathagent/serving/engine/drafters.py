@@ -167,7 +167,9 @@ def load_proposer(method: SpecMethod, target: ModelRunner, beams: int, model_dir
     if method.kind == "redrafter":
         emb = target.model.tok_embeddings.weight
         try:
-            drafter = Drafter.from_pretrained(Path(method.path).expanduser(), emb.detach().float().cpu())
+            drafter = Drafter.from_pretrained(
+                Path(method.path).expanduser(), emb.detach().float().cpu()
+            )
         except (OSError, ValueError) as exc:
             raise SpecMethodError(f"cannot load ReDrafter {method.path!r}: {exc}") from exc
         if drafter.config.vocab_size != emb.shape[0] or drafter.config.hidden_size != emb.shape[1]:

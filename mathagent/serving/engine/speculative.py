@@ -78,6 +78,41 @@ class SpecStats:
             self.drafted_at[i] += 1
             self.accepted_at[i] += i < accepted
 
+    def merge(self, other: dict) -> None:
+        """Add a finished request's counters (its ``as_dict`` form, plus raw counts)."""
+        self.forwards += other["target_forwards"]
+        self.tokens += other["tokens"]
+        self.drafted += other["drafted_tokens"]
+        self.accepted += other["accepted_tokens"]
+        for i, (d, a) in enumerate(zip(other["drafted_at"], other["accepted_at"], strict=True)):
+            if i == len(self.drafted_at):
+                self.drafted_at.append(0)
+                self.accepted_at.append(0)
+            self.drafted_at[i] += d
+            self.accepted_at[i] += a
+
+    def prometheus(self, label: str) -> list[str]:
+        """``/metrics`` lines: drafted and accepted totals, per-position acceptance rates."""
+        lines = [
+            "# HELP mathagent_spec_draft_tokens_total Draft tokens proposed.",
+            "# TYPE mathagent_spec_draft_tokens_total counter",
+            f"mathagent_spec_draft_tokens_total{{{label}}} {self.drafted}",
+            "# HELP mathagent_spec_accepted_tokens_total Draft tokens accepted by verification.",
+            "# TYPE mathagent_spec_accepted_tokens_total counter",
+            f"mathagent_spec_accepted_tokens_total{{{label}}} {self.accepted}",
+            "# HELP mathagent_spec_acceptance_length Tokens per target forward of speculative requests.",
+            "# TYPE mathagent_spec_acceptance_length gauge",
+            f"mathagent_spec_acceptance_length{{{label}}} {self.as_dict()['acceptance_length']}",
+            "# HELP mathagent_spec_position_acceptance Acceptance rate at each draft position.",
+            "# TYPE mathagent_spec_position_acceptance gauge",
+        ]
+        rates = self.as_dict()["per_position_acceptance"]
+        lines += [
+            f'mathagent_spec_position_acceptance{{{label},position="{i}"}} {r}'
+            for i, r in enumerate(rates)
+        ]
+        return lines
+
     def as_dict(self) -> dict:
         """JSON form: acceptance length, accepted/drafted and per-position acceptance."""
         return {
@@ -88,6 +123,10 @@ class SpecStats:
             "per_position_acceptance": [
                 round(a / d, 4) for a, d in zip(self.accepted_at, self.drafted_at, strict=True)
             ],
+            "target_forwards": self.forwards,
+            "tokens": self.tokens,
+            "drafted_at": list(self.drafted_at),
+            "accepted_at": list(self.accepted_at),
         }
 
 
@@ -191,7 +230,9 @@ class Speculator:
             proposer = self.proposer(method)
             if proposer is None:
                 continue
-            for i, d in zip(idxs, proposer.propose([rows[i] for i in idxs], self.draft_len), strict=True):
+            for i, d in zip(
+                idxs, proposer.propose([rows[i] for i in idxs], self.draft_len), strict=True
+            ):
                 drafts[i] = d
         return [d or Draft.chain(r.seq.last_token, []) for d, r in zip(drafts, rows, strict=True)]
 
@@ -216,10 +257,16 @@ class Speculator:
         write = write.clamp(max=self.runner.max_seq_len - 1)  # pads past the end of a full row
         slots = [s.slot for s in seqs if s.slot is not None]
         return self.runner.forward(
-            tokens.to(dev), rope.to(dev), slots, attn_mask=mask.to(dev), write_positions=write.to(dev)
+            tokens.to(dev),
+            rope.to(dev),
+            slots,
+            attn_mask=mask.to(dev),
+            write_positions=write.to(dev),
         )
 
-    def _accept(self, row: SpecRow, draft: Draft, tree: Tree, logits: Tensor, hidden: Tensor) -> list[int]:
+    def _accept(
+        self, row: SpecRow, draft: Draft, tree: Tree, logits: Tensor, hidden: Tensor
+    ) -> list[int]:
         """Verify one row, move its accepted K/V into place and record the outcome."""
         seq, m = row.seq, tree.tokens.numel()
         if row.greedy:

@@ -158,20 +158,32 @@ def self_distill(
                 for rid in list(pending):
                     engine.abort(rid)
                     if texts[rid]:
-                        f.write(json.dumps({"prompt": pending[rid], "completion": texts[rid]}) + "\n")
+                        f.write(
+                            json.dumps({"prompt": pending[rid], "completion": texts[rid]}) + "\n"
+                        )
                         written += 1
                 break
             for res in engine.step():
                 texts[res.request_id] += res.delta_text
                 if res.finished:
-                    rec = {"prompt": pending.pop(res.request_id), "completion": texts[res.request_id]}
+                    rec = {
+                        "prompt": pending.pop(res.request_id),
+                        "completion": texts[res.request_id],
+                    }
                     f.write(json.dumps(rec) + "\n")
                     f.flush()
                     written += 1
                     tokens += res.metrics.generated_tokens
                     if written % 32 == 0:
                         secs = time.perf_counter() - t0
-                        report({"event": "distill", "records": written, "tokens": tokens, "seconds": round(secs, 1)})
+                        report(
+                            {
+                                "event": "distill",
+                                "records": written,
+                                "tokens": tokens,
+                                "seconds": round(secs, 1),
+                            }
+                        )
     return written
 
 
@@ -185,9 +197,9 @@ def drafter_loss(
 ) -> tuple[Tensor, dict[str, tuple[float, int]]]:
     """Loss summed over draft steps, and per-step (correct, count) for top-1 / top-k.
 
-    ``vocab`` [S] restricts the softmax to the training text's own tokens (labels are remapped
-    by the caller's lookup below): the vocabulary projection dominates the cost, and tokens
-    the text never uses carry no signal. Evaluation passes None (the full vocabulary).
+    ``vocab`` [S] (sorted ids) restricts the softmax to the training text's own tokens: the
+    vocabulary projection dominates the cost, and tokens the text never uses carry no signal.
+    Evaluation passes None (the full vocabulary).
     """
     hidden = feats.hidden.float()[None]
     toks = feats.tokens
@@ -297,9 +309,10 @@ def train(
     for epoch in range(cfg.epochs):
         rng.shuffle(batches)
         for batch in batches:
-            loss = sum(
-                drafter_loss(drafter, embedding, f, cfg.draft_len, cfg.top_k)[0] for f in batch
-            )
+            losses = [
+                drafter_loss(drafter, embedding, f, cfg.draft_len, 1, vocab)[0] for f in batch
+            ]
+            loss = torch.stack(losses).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
