@@ -8,7 +8,6 @@ their marginals are compared with the exact ones computed from the target.
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from mathagent.serving.engine.speculative import SpecMethod
 from tests.serving.stats import chi_square_p
 
 PROMPT = [5, 17, 99, 3]
-SAMPLES = 1500
+SAMPLES = 1200
 PARAMS = dict(temperature=0.9, top_k=4, top_p=0.95)
 
 
@@ -112,4 +111,3 @@ def test_a_drafter_that_always_wins_would_fail_this_test(tiny_engine) -> None:
     q = Sampler.probs(logits[:, -1], SamplingBatch.build([params], [None], torch.device("cpu")))[0]
     counts = (q * SAMPLES).round()
     assert chi_square_p(counts, _next_probs(tiny_engine, PROMPT)) < 0.01
-    assert list(itertools.islice(iter(counts.nonzero()), 1))

@@ -18,7 +18,7 @@ from mathagent.serving.engine.config import SamplingParams
 
 from .conftest import PROMPTS
 
-MAX_NEW = 20
+MAX_NEW = 16
 SHIPPED_DRAFTER = (
     Path(__file__).resolve().parents[2] / "mathagent/serving/drafters/SmolLM2-135M-Instruct"
 )
@@ -76,6 +76,8 @@ def test_greedy_speculation_is_token_identical(engine, plain, layer_skip_draft, 
 
 
 def test_engine_counts_acceptance_overall(engine) -> None:
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, speculative="ngram")
+    engine.generate(["1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"], params)
     stats = engine.speculator.stats.as_dict()
     assert stats["drafted_tokens"] >= stats["accepted_tokens"] > 0
     assert len(stats["per_position_acceptance"]) >= 1
