@@ -34,14 +34,14 @@ def tiny_engine() -> LLMEngine:
     config = EngineConfig.from_settings(settings, "random:tiny")
     loaded = load_model("random:tiny", Path("/nonexistent"), config.device, config.dtype)
     with torch.no_grad():
-        loaded.model.output.weight.mul_(60.0)  # peaked distributions: few tokens carry the mass
+        loaded.model.output.weight.mul_(12.0)  # peaked distributions: few tokens carry the mass
     engine = LLMEngine(config, Path("/nonexistent"), loaded)
     draft = load_model("random:tiny", Path("/nonexistent"), config.device, config.dtype).model
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for p in draft.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.02)
-        draft.output.weight.mul_(60.0)
+        draft.output.weight.mul_(12.0)
     engine.speculator.register(
         SpecMethod("draft", "tiny"), DraftModelProposer(draft_runner(draft, engine.runner))
     )
@@ -50,7 +50,7 @@ def tiny_engine() -> LLMEngine:
         DrafterConfig(vocab_size=1024, hidden_size=64, exit_dim=128, num_draft_layers=1)
     )
     with torch.no_grad():
-        drafter.lm_head[-1].weight.mul_(40.0)
+        drafter.lm_head[-1].weight.mul_(4.0)
     emb = engine.runner.model.tok_embeddings.weight
     engine.speculator.register(SpecMethod("redrafter", "tiny"), ReDrafterProposer(drafter, emb, 2))
     return engine
