@@ -63,3 +63,10 @@ def test_unknown_method_is_400(base_url) -> None:
     resp = httpx.post(f"{base_url}/v1/completions", json=body)
     assert resp.status_code == 400
     assert "ngram" in resp.text
+
+
+def test_a_drafter_that_cannot_load_is_400(base_url) -> None:
+    body = {"prompt": "hi", "max_tokens": 2, "speculative": "redrafter:/nonexistent/drafter"}
+    resp = httpx.post(f"{base_url}/v1/completions", json=body)
+    assert resp.status_code == 400
+    assert "ReDrafter" in resp.text
