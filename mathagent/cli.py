@@ -275,8 +275,17 @@ def generate(
             "tokens": len(result.token_ids),
             "tokens_per_s": round(len(result.token_ids) / elapsed, 3) if elapsed > 0 else 0.0,
             "acceptance_length": round(m.acceptance_length, 3),
+            **_speculative_fields(m.speculative),
         }
     )
+
+
+def _speculative_fields(stats: dict | None) -> dict:
+    """accepted/drafted and per-position acceptance of a speculative run (empty otherwise)."""
+    if stats is None:
+        return {}
+    keys = ("drafted_tokens", "accepted_tokens", "acceptance_rate", "per_position_acceptance")
+    return {k: stats[k] for k in keys}
 
 
 @sandbox_app.command("build")
@@ -477,9 +486,77 @@ def train_drafter(
     out: Annotated[Path, typer.Option(help="Output folder for the drafter.")],
     draft_len: Annotated[int, typer.Option(min=1, help="Draft tokens per beam.")] = 3,
     layers: Annotated[int, typer.Option(min=1, help="Residual layers in the drafter.")] = 2,
+    self_distill: Annotated[
+        Path | None,
+        typer.Option(help="JSONL of prompts/problems: first write --data from the base itself."),
+    ] = None,
+    distill_tokens: Annotated[
+        int, typer.Option(min=1, help="Tokens per self-distilled text.")
+    ] = 256,
+    distill_skip: Annotated[int, typer.Option(min=0, help="Skip the first K records.")] = 0,
+    distill_limit: Annotated[int | None, typer.Option(min=1, help="Use at most K records.")] = None,
+    distill_budget_s: Annotated[
+        float | None, typer.Option(min=1.0, help="Stop generating after this many seconds.")
+    ] = None,
+    epochs: Annotated[int, typer.Option(min=1, help="Passes over the training text.")] = 3,
+    lr: Annotated[float, typer.Option(min=0.0, help="Peak learning rate.")] = 3e-3,
+    exit_dim: Annotated[
+        int | None, typer.Option(min=1, help="Own vocab head of this width (default: tied).")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the final metrics as JSON.")
+    ] = False,
 ) -> None:
     """Train a ReDrafter head on a frozen base model."""
-    raise _not_yet("train-drafter")
+    import logging
+
+    from mathagent.serving.engine import train_drafter as td
+    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.llm_engine import LLMEngine
+    from mathagent.serving.engine.loader import ModelLoadError
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    settings = Settings()
+    model = None if base == "default" else base
+    try:
+        engine = LLMEngine(EngineConfig.from_settings(settings.engine, model), settings.model_dir)
+    except (ModelLoadError, OSError) as exc:
+        raise _fail(str(exc)) from exc
+    if engine.tokenizer is None:
+        raise _fail(f"{base} has no tokenizer; train-drafter reads text")
+    if self_distill is not None:
+        records = [json.loads(x) for x in self_distill.read_text().splitlines() if x.strip()]
+        records = records[distill_skip:][:distill_limit]
+        prompts = [_drafter_prompt(r, engine) for r in records]
+        td.self_distill(engine, prompts, data, distill_tokens, distill_budget_s)
+    if not data.is_file():
+        raise _fail(f"no training data at {data}")
+    cfg = td.TrainConfig(
+        draft_len=draft_len, layers=layers, exit_dim=exit_dim, epochs=epochs, lr=lr,
+        max_seq_len=engine.max_seq_len,
+    )  # fmt: skip
+    encode = lambda text: engine.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    examples = td.load_examples(data, encode, cfg.max_seq_len)
+    hidden = td.engine_hidden_fn(engine.runner)
+    emb = engine.runner.model.tok_embeddings.weight.detach()
+    metrics = td.train(hidden, emb, examples, cfg, out)
+    if as_json:
+        _print_json(metrics)
+    else:
+        for key, value in metrics.items():
+            typer.echo(f"{key}: {value}")
+
+
+def _drafter_prompt(record: dict, engine) -> str:
+    """A raw prompt, or a problem rendered as the agent would ask it (its template, tools on)."""
+    if "prompt" in record:
+        return record["prompt"]
+    from mathagent.agent.prompts import ChatTemplate, select_template
+
+    settings = Settings()
+    template = select_template(settings.agent.prompt_format, engine.model_name, tools=True)
+    messages = template.messages(record["problem"], settings.agent.max_tool_calls)
+    return ChatTemplate(engine.tokenizer).render(messages)
 
 
 # Setup failures of the agent's parts, reported as one clear line.
