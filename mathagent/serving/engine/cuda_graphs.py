@@ -1,0 +1,104 @@
+"""CUDA graphs of the decode/verify step, one per (batch bucket, tokens per row).
+
+A batch-1 decode step of an 8B model is ~300 kernels of a few microseconds each; launched from
+Python they cost more than the step's weight reads. Capturing the step once per static shape
+and replaying it removes the launch cost (benchmarks/GPU_NOTES.md). Rows are padded up to the
+bucket; padded rows write their K/V into a scratch slot no sequence owns. Inputs are copied
+into the graph's static buffers on the device, so a step never waits on the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mathagent.serving.engine.cuda_forward import CudaForward, StepInputs
+from mathagent.serving.engine.model import Transformer
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
+MAX_WIDTH = 16  # tokens per row a graph takes (decode 1, verify draft_len + 1, a draft tree)
+
+
+class CudaGraphRunner:
+    """Replays captured steps of :class:`CudaForward`; captures a shape on first use."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        cache: object,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        max_batch: int,
+        scratch_slot: int,
+    ) -> None:
+        # Each (batch, width) shape compiles its own layer region; allow many shapes.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        self.forward = CudaForward(model, cache, cos, sin)
+        self.device = cos.device
+        self.max_batch = max_batch
+        self.scratch_slot = scratch_slot
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, StepInputs, tuple]] = {}
+        self.causal: set[tuple[int, int]] = set()  # shapes whose tree buffer holds the causal mask
+
+    def accepts(self, batch: int, width: int) -> bool:
+        """Whether a step of this shape runs here (else the caller runs it eagerly)."""
+        return batch <= self.max_batch and width <= MAX_WIDTH
+
+    def bucket(self, batch: int) -> int:
+        """The captured batch size that serves ``batch`` rows."""
+        fits = [b for b in BATCH_BUCKETS if b >= batch]
+        return min(fits[0], self.max_batch) if fits else self.max_batch
+
+    def capture(self, batch: int, width: int) -> None:
+        """Compile, warm up (Triton autotuning included) and capture one step shape."""
+        inp = StepInputs.allocate(batch, width, self.device)
+        inp.slots.fill_(self.scratch_slot)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):
+                self.forward(inp)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
+            out = self.forward(inp)
+        self.graphs[(batch, width)] = (graph, inp, out)
+        self.causal.add((batch, width))
+
+    @torch.inference_mode()
+    def run(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        write_positions: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One step of ``tokens [B, T]``; returns views ``(logits [B, T, V], hidden [B, T, H])``.
+
+        K/V go to ``write_positions``, which must be consecutive per row; ``attn_mask
+        [B, T, kv_len]`` (True = attend) may restrict which new tokens see each other, and
+        everything before a row's first write position is visible. The views stay valid
+        until the next step.
+        """
+        rows, width = tokens.shape
+        key = (self.bucket(rows), width)
+        if key not in self.graphs:
+            self.capture(*key)
+        graph, inp, (logits, hidden) = self.graphs[key]
+        inp.tokens[:rows].copy_(tokens)
+        inp.positions[:rows].copy_(positions)
+        inp.slots[:rows].copy_(slots)
+        inp.slots[rows:].fill_(self.scratch_slot)
+        inp.start[:rows].copy_(write_positions[:, 0])
+        inp.start[rows:].zero_()
+        if attn_mask is None:
+            if key not in self.causal:
+                inp.tree.copy_(torch.tril(torch.ones_like(inp.tree[0])).expand_as(inp.tree))
+                self.causal.add(key)
+        else:
+            self.causal.discard(key)
+            cols = write_positions[:, None, :].expand(rows, width, width)
+            inp.tree[:rows].copy_(attn_mask.gather(2, cols))
+        graph.replay()
+        return logits[:rows], hidden[:rows]
