@@ -1,0 +1,105 @@
+"""Engine configuration (built once from settings) and per-request sampling parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mathagent.config import EngineSettings
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class EngineConfigError(ValueError):
+    """The engine settings cannot be honoured (bad device, dtype or method)."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs to start; validated once, passed explicitly."""
+
+    model: str | None
+    device: torch.device
+    dtype: torch.dtype
+    max_batch_size: int
+    max_seq_len: int
+    speculative: str
+    draft_len: int
+    eager: bool
+    threads: int | None
+    prefill_chunk: int = 512
+
+    @classmethod
+    def from_settings(cls, settings: EngineSettings, model: str | None = None) -> EngineConfig:
+        """Resolve 'auto' device/dtype and check the speculative method."""
+        device, dtype = resolve_device_dtype(settings.device, settings.dtype)
+        if settings.speculative != "none":
+            raise EngineConfigError(
+                f"speculative method {settings.speculative!r} is not available in this build; "
+                "supported: none"
+            )
+        return cls(
+            model=model,
+            device=device,
+            dtype=dtype,
+            max_batch_size=settings.max_batch_size,
+            max_seq_len=settings.max_seq_len,
+            speculative=settings.speculative,
+            draft_len=settings.draft_len,
+            eager=settings.eager,
+            threads=settings.threads,
+        )
+
+
+def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """'auto' means CUDA + bf16 when a GPU exists, else CPU + fp32."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise EngineConfigError(f"unknown device {device!r}: use auto, cpu or cuda[:N]") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EngineConfigError("device 'cuda' requested but no CUDA device is available")
+    if dev.type not in ("cpu", "cuda"):
+        raise EngineConfigError(f"unsupported device {device!r}: use auto, cpu or cuda[:N]")
+    if dtype == "auto":
+        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return dev, _DTYPES[dtype]
+
+
+class SamplingParams(BaseModel):
+    """How one request is decoded. ``temperature == 0`` means greedy."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=100.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0, description="0 = no top-k cut")
+    seed: int | None = None
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        if value is None:
+            return []
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, value: list[str]) -> list[str]:
+        if any(s == "" for s in value):
+            raise ValueError("stop strings must be non-empty")
+        return value
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding takes the argmax."""
+        return self.temperature == 0.0 or self.top_k == 1

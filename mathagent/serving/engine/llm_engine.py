@@ -1,0 +1,153 @@
+"""The embedded engine's public API: add requests, step, abort, and blocking ``generate``.
+
+A step is a short pipeline: schedule (pick prefill or decode rows) -> run (one forward and
+sampling in the model runner) -> postprocess (append tokens, detokenise, stop, free slots).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from mathagent.serving.engine.config import EngineConfig, SamplingParams
+from mathagent.serving.engine.detokenizer import Detokenizer
+from mathagent.serving.engine.loader import LoadedModel, load_model
+from mathagent.serving.engine.model_runner import ModelRunner
+from mathagent.serving.engine.scheduler import ScheduledBatch, Scheduler
+from mathagent.serving.engine.sequence import RequestMetrics, RequestOutput, Sequence
+
+
+class PromptError(ValueError):
+    """A prompt the engine cannot take (empty, too long, or text without a tokenizer)."""
+
+
+@dataclass
+class GenerationResult:
+    """A finished request, as returned by :meth:`LLMEngine.generate`."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    metrics: RequestMetrics
+
+
+class LLMEngine:
+    """Continuous-batching text generation over one model on one device."""
+
+    def __init__(self, config: EngineConfig, model_dir: Path, loaded: LoadedModel | None = None):
+        if config.threads is not None:
+            torch.set_num_threads(config.threads)
+        self.config = config
+        self.loaded = loaded or load_model(config.model, model_dir, config.device, config.dtype)
+        self.tokenizer = self.loaded.tokenizer
+        self.model_name = self.loaded.name
+        self.max_seq_len = config.max_seq_len
+        self.runner = ModelRunner(self.loaded.model, config)
+        self.scheduler = Scheduler(config.max_batch_size)
+        self._seqs: dict[str, Sequence] = {}
+        self._ids = itertools.count()
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        """Token ids of ``prompt`` (ids pass through); checked against the context limit."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise PromptError(f"{self.model_name} has no tokenizer: send token ids")
+            ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        else:
+            ids = list(prompt)
+        if not ids:
+            raise PromptError("the prompt is empty")
+        vocab = self.loaded.model.args.vocab_size
+        if any(not 0 <= t < vocab for t in ids):
+            raise PromptError(f"prompt token ids must lie in [0, {vocab})")
+        if len(ids) >= self.max_seq_len:
+            raise PromptError(
+                f"the prompt has {len(ids)} tokens but the context is {self.max_seq_len} tokens "
+                f"(prompt + generated); send at most {self.max_seq_len - 1} prompt tokens"
+            )
+        return ids
+
+    def make_sequence(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> Sequence:
+        """Validate and tokenise a request without queueing it (safe from any thread)."""
+        ids = self.encode(prompt)
+        detok = Detokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
+        rid = request_id or f"req-{next(self._ids)}"
+        return Sequence(rid, ids, params, detok, self.loaded.eos_token_ids)
+
+    def add_sequence(self, seq: Sequence) -> None:
+        """Queue a sequence built by :meth:`make_sequence`."""
+        if seq.request_id in self._seqs:
+            raise ValueError(f"duplicate request id {seq.request_id!r}")
+        self._seqs[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+    ) -> str:
+        """Queue a request; return its id."""
+        seq = self.make_sequence(prompt, params, request_id)
+        self.add_sequence(seq)
+        return seq.request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its slot; None when it is unknown or already done."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.finish(seq)
+        return seq.finish("abort")
+
+    def has_unfinished(self) -> bool:
+        """True while any request waits or runs."""
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; return an output for every request it advanced."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        tokens = self._run(batch)
+        return self._postprocess(batch, tokens)
+
+    def _run(self, batch: ScheduledBatch) -> list[int | None]:
+        if batch.kind == "prefill":
+            return [self.runner.prefill(batch.seqs[0])]
+        return list(self.runner.decode(batch.seqs))
+
+    def _postprocess(self, batch: ScheduledBatch, tokens: list[int | None]) -> list[RequestOutput]:
+        outputs = []
+        for seq, token in zip(batch.seqs, tokens, strict=True):
+            if token is None:
+                continue  # a prefill chunk that did not reach the prompt's end
+            out = seq.append([token], self.max_seq_len)
+            if out.finished:
+                self.scheduler.finish(seq)
+                self._seqs.pop(seq.request_id, None)
+            outputs.append(out)
+        return outputs
+
+    def generate(
+        self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[GenerationResult]:
+        """Run ``prompts`` to completion, batched; results in prompt order."""
+        per = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, per, strict=True)]
+        texts = {i: "" for i in ids}
+        tokens: dict[str, list[int]] = {i: [] for i in ids}
+        done: dict[str, RequestOutput] = {}
+        while len(done) < len(ids):
+            for out in self.step():
+                texts[out.request_id] += out.delta_text
+                tokens[out.request_id] += out.delta_token_ids
+                if out.finished:
+                    done[out.request_id] = out
+        return [
+            GenerationResult(i, texts[i], tokens[i], done[i].finish_reason, done[i].metrics)
+            for i in ids
+        ]

@@ -1,0 +1,241 @@
+"""Model loading: Hugging Face folders, GGUF files (converted once and cached), random shapes.
+
+A model spec is one of: ``None`` (the default SmolLM2 GGUF), a folder holding ``config.json``,
+``*.safetensors`` and a tokenizer, a ``.gguf`` file, or ``random:<shape>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from mathagent.config import DEFAULT_MODEL_NAME
+from mathagent.serving.engine.model import (
+    SUPPORTED_ARCHITECTURES,
+    ModelArgs,
+    Transformer,
+)
+from mathagent.serving.model_store import DEFAULT_GGUF_NAME, fetch_default_model
+
+# Named shapes for benchmarks and tests; weights are random.
+RANDOM_SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"]),
+    "tiny-qwen2": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2,
+                       architectures=["Qwen2ForCausalLM"]),
+    "tiny-qwen3": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                       architectures=["Qwen3ForCausalLM"]),
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         rope_theta=100000.0, tie_word_embeddings=True,
+                         architectures=["LlamaForCausalLM"]),
+    "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                         rope_theta=500000.0, tie_word_embeddings=True,
+                         rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                           high_freq_factor=4.0,
+                                           original_max_position_embeddings=8192),
+                         max_position_embeddings=131072, architectures=["LlamaForCausalLM"]),
+    "llama-3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                       rope_theta=500000.0, max_position_embeddings=8192,
+                       architectures=["LlamaForCausalLM"]),
+}  # fmt: skip
+
+
+class ModelLoadError(ValueError):
+    """The model spec names nothing this engine can load."""
+
+
+@dataclass
+class LoadedModel:
+    """A ready model plus what the engine needs around it."""
+
+    model: Transformer
+    tokenizer: Any | None  # a transformers tokenizer; None for random-weight models
+    name: str  # the served model name
+    path: Path | None  # the Hugging Face folder the weights came from
+    eos_token_ids: tuple[int, ...]
+
+
+def _supported() -> str:
+    return (
+        "a Hugging Face folder (config.json + *.safetensors + tokenizer), a .gguf file, or "
+        f"random:<{'|'.join(RANDOM_SHAPES)}>; architectures: {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
+
+
+def load_model(
+    spec: str | None, model_dir: Path, device: torch.device, dtype: torch.dtype
+) -> LoadedModel:
+    """Load the model named by ``spec`` onto ``device`` in ``dtype``."""
+    if spec is not None and spec.startswith("random:"):
+        return _load_random(spec.removeprefix("random:"), device, dtype)
+    folder, name = resolve_folder(spec, model_dir)
+    return load_hf_folder(folder, device, dtype, name)
+
+
+def resolve_folder(spec: str | None, model_dir: Path) -> tuple[Path, str]:
+    """The Hugging Face folder for ``spec`` (converting a GGUF on first use) and a model name."""
+    if spec is None:
+        gguf = fetch_default_model(model_dir)
+        return convert_gguf(gguf, model_dir), DEFAULT_MODEL_NAME
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        return path, path.name
+    if path.is_file() and path.suffix == ".gguf":
+        name = DEFAULT_MODEL_NAME if path.name == DEFAULT_GGUF_NAME else gguf_model_name(path)
+        return convert_gguf(path, model_dir), name
+    raise ModelLoadError(f"cannot load model {spec!r}: expected {_supported()}")
+
+
+def gguf_model_name(path: Path) -> str:
+    """``Foo-1B.Q4_K_M.gguf`` -> ``Foo-1B`` (the quantisation suffix is not the model's name)."""
+    return re.sub(r"\.(Q\d\w*|F16|F32|BF16|IQ\w+)$", "", path.stem, flags=re.IGNORECASE)
+
+
+def convert_gguf(gguf: Path, model_dir: Path) -> Path:
+    """Dequantise ``gguf`` once into ``model_dir/<stem>/`` (safetensors, config, tokenizer).
+
+    The folder appears by atomic rename, so a killed or concurrent conversion never leaves a
+    half-written model behind.
+    """
+    target = model_dir / gguf.stem
+    if (target / "config.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{gguf.stem}.", dir=model_dir))
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        hf = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+        _save_dequantized(hf, tmp)
+        tok.save_pretrained(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _save_dequantized(hf: Any, folder: Path) -> None:
+    """Write a GGUF-loaded transformers model as a plain float32 HF folder.
+
+    transformers refuses ``save_pretrained`` on GGUF-quantised models, though the loaded
+    weights are already dequantised; so the tensors and config are written directly.
+    """
+    from safetensors.torch import save_file
+
+    cfg = hf.config.to_dict()
+    cfg.pop("quantization_config", None)  # the saved weights are plain float32
+    cfg["architectures"] = [type(hf).__name__]
+    state = {k: v.detach().contiguous() for k, v in hf.state_dict().items()}
+    if cfg.get("tie_word_embeddings"):
+        state.pop("lm_head.weight", None)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2, default=str))
+    hf.generation_config.save_pretrained(folder)
+
+
+def _hf_to_engine(name: str) -> tuple[str, int] | None:
+    """Map an HF tensor name to (engine name, part index within a fused tensor)."""
+    fixed = {"model.embed_tokens.weight": "tok_embeddings.weight",
+             "model.norm.weight": "norm.weight", "lm_head.weight": "output.weight"}  # fmt: skip
+    if name in fixed:
+        return fixed[name], 0
+    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name)
+    if m is None:
+        return None
+    i, mod, kind = m.groups()
+    parts = {"input_layernorm": ("attention_norm", 0), "post_attention_layernorm": ("ffn_norm", 0),
+             "self_attn.q_proj": ("attention.wqkv", 0), "self_attn.k_proj": ("attention.wqkv", 1),
+             "self_attn.v_proj": ("attention.wqkv", 2), "self_attn.o_proj": ("attention.wo", 0),
+             "self_attn.q_norm": ("attention.q_norm", 0),
+             "self_attn.k_norm": ("attention.k_norm", 0), "mlp.gate_proj": ("feed_forward.w13", 0),
+             "mlp.up_proj": ("feed_forward.w13", 1), "mlp.down_proj": ("feed_forward.w2", 0)}  # fmt: skip
+    if mod not in parts:
+        return None
+    target, part = parts[mod]
+    return f"layers.{i}.{target}.{kind}", part
+
+
+def _read_state_dict(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Read every safetensors shard, fusing q/k/v and gate/up into the engine's tensors."""
+    pieces: dict[str, dict[int, torch.Tensor]] = {}
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder} holds no *.safetensors weights; expected {_supported()}")
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
+                mapped = _hf_to_engine(key)
+                if mapped is not None:
+                    pieces.setdefault(mapped[0], {})[mapped[1]] = f.get_tensor(key).to(dtype)
+    return {k: torch.cat([v[i] for i in sorted(v)], dim=0) for k, v in pieces.items()}
+
+
+def load_hf_folder(
+    folder: Path, device: torch.device, dtype: torch.dtype, name: str | None = None
+) -> LoadedModel:
+    """Load a Hugging Face folder (config.json, safetensors, tokenizer)."""
+    from transformers import AutoTokenizer
+
+    cfg = json.loads((folder / "config.json").read_text())
+    args = ModelArgs.from_hf_config(cfg)
+    with torch.device("meta"):
+        model = Transformer(args)
+    state = _read_state_dict(folder, dtype)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if args.tie_word_embeddings:
+        model.output.weight = model.tok_embeddings.weight
+        missing = [k for k in missing if k != "output.weight"]
+    if missing or unexpected:
+        raise ModelLoadError(
+            f"{folder}: missing weights {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    model = model.to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    eos = set(args.eos_token_ids)
+    gen_cfg = folder / "generation_config.json"
+    if gen_cfg.is_file():
+        extra = json.loads(gen_cfg.read_text()).get("eos_token_id")
+        eos.update(extra if isinstance(extra, list) else [] if extra is None else [extra])
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    return LoadedModel(model, tokenizer, name or folder.name, folder, tuple(sorted(eos)))
+
+
+def _load_random(shape: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    if shape not in RANDOM_SHAPES:
+        raise ModelLoadError(f"unknown random shape {shape!r}; expected {_supported()}")
+    args = ModelArgs.from_hf_config(RANDOM_SHAPES[shape])
+    with torch.device("meta"):
+        model = Transformer(args)
+    model = model.to(dtype).to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for pname, param in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02, generator=gen)
+    if args.tie_word_embeddings:
+        model.output.weight = model.tok_embeddings.weight
+    return LoadedModel(model.eval(), None, f"random:{shape}", None, ())

@@ -1,0 +1,110 @@
+"""Runs model steps over the KV cache: the one place where compilation would be applied.
+
+:meth:`ModelRunner.forward` is the seam for speculative decoding: it scores ``T >= 1`` tokens
+per row at arbitrary positions (a verify step, or a token tree with its own attention mask)
+and returns logits and the last hidden states (which ReDrafter drafts from).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mathagent.serving.engine.config import EngineConfig
+from mathagent.serving.engine.kv_cache import KVCache
+from mathagent.serving.engine.model import ForwardContext, Transformer, rope_table
+from mathagent.serving.engine.sampler import Sampler, SamplingBatch
+from mathagent.serving.engine.sequence import Sequence
+
+
+class ModelRunner:
+    """Owns the model, its KV cache, rope tables and sampler; runs prefill and decode."""
+
+    def __init__(self, model: Transformer, config: EngineConfig) -> None:
+        args = model.args
+        self.model = model
+        self.config = config
+        self.device = config.device
+        self.max_seq_len = config.max_seq_len
+        self.cache = KVCache(
+            args.num_layers,
+            config.max_batch_size,
+            args.num_kv_heads,
+            config.max_seq_len,
+            args.head_dim,
+            config.dtype,
+            config.device,
+        )
+        cos, sin = rope_table(args, config.max_seq_len)
+        self.cos = cos.to(config.device, config.dtype)  # [max_seq, D]
+        self.sin = sin.to(config.device, config.dtype)
+        self.kv_positions = torch.arange(config.max_seq_len, device=config.device)  # [max_seq]
+        self.sampler = Sampler()
+        # Compilation lives here only, so eager and compiled runs can be compared.
+        self._model = model if config.eager else torch.compile(model, dynamic=True)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: list[int],
+        attn_mask: torch.Tensor | None = None,
+        write_positions: torch.Tensor | None = None,
+        logits_last_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Score ``tokens [B, T]`` at rope ``positions [B, T]`` in cache ``slots``.
+
+        K/V go to ``write_positions`` (default ``positions``). ``attn_mask [B, T, kv_len]``
+        (True = attend) overrides the default causal-by-position mask, e.g. for a token tree.
+        Returns ``(logits [B, T or 1, V] float32, hidden [B, T or 1, H])``.
+        """
+        write = positions if write_positions is None else write_positions
+        kv_len = int(write.max()) + 1 if attn_mask is None else attn_mask.shape[-1]
+        bsz = tokens.shape[0]
+        if attn_mask is None:
+            attn_mask = self.kv_positions[:kv_len] <= positions[:, :, None]  # [B, T, kv_len]
+        ctx = ForwardContext(
+            cache=self.cache,
+            slots=torch.tensor(slots, device=self.device),
+            write_positions=write,
+            kv_len=kv_len,
+            attn_mask=attn_mask[:, None],  # [B, 1, T, kv_len]
+            cos=self.cos[positions][:, None],  # [B, 1, T, D]
+            sin=self.sin[positions][:, None],
+            slot_start=slots[0] if slots == list(range(slots[0], slots[0] + bsz)) else None,
+        )
+        hidden = self._model(tokens, ctx)  # [B, T, H]
+        if logits_last_only:
+            hidden = hidden[:, -1:]
+        return self.model.logits(hidden), hidden
+
+    def prefill(self, seq: Sequence) -> int | None:
+        """Cache the next chunk of ``seq``'s prompt; return the first token when it completes."""
+        assert seq.slot is not None
+        start = seq.num_cached
+        end = min(len(seq.prompt_ids), start + self.config.prefill_chunk)
+        tokens = torch.tensor([seq.prompt_ids[start:end]], device=self.device)  # [1, T]
+        positions = torch.arange(start, end, device=self.device)[None]  # [1, T]
+        logits, _ = self.forward(tokens, positions, [seq.slot], logits_last_only=True)
+        seq.num_cached = end
+        if end < len(seq.prompt_ids):
+            return None
+        return self.sample(logits[:, -1], [seq])[0]
+
+    def decode(self, seqs: list[Sequence]) -> list[int]:
+        """One token for each running sequence, in a single batched forward."""
+        tokens = torch.tensor([[s.last_token] for s in seqs], device=self.device)  # [B, 1]
+        positions = torch.tensor([[s.num_cached] for s in seqs], device=self.device)  # [B, 1]
+        slots = [s.slot for s in seqs if s.slot is not None]
+        logits, _ = self.forward(tokens, positions, slots)
+        for s in seqs:
+            s.num_cached += 1
+        return self.sample(logits[:, -1], seqs)
+
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """Sample one token per row of ``logits [B, V]`` with each sequence's parameters."""
+        batch = SamplingBatch.build(
+            [s.params for s in seqs], [s.generator for s in seqs], self.device
+        )
+        with torch.inference_mode():
+            return self.sampler(logits, batch).tolist()
