@@ -1,0 +1,45 @@
+"""N-gram (prompt lookup) proposer: drafts by copying what followed the latest earlier match.
+
+No model: the last ``n`` tokens of a sequence are searched for in its own history (prompt and
+generated text), longest ``n`` first, and the tokens that followed the most recent match are the
+draft. Math transcripts repeat numbers, variable names and code, so this is often right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class NgramProposer:
+    """Prompt-lookup drafting over a sequence's own tokens."""
+
+    max_ngram: int = 3
+    min_ngram: int = 1
+    max_window: int = 1024  # only the latest tokens are searched, so a step stays cheap
+
+    def propose(self, history: Tensor, k: int) -> list[int]:
+        """Up to ``k`` draft tokens continuing ``history`` [S] (may be fewer, or none)."""
+        hist = history[-self.max_window :]
+        s = hist.numel()
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if s <= n:
+                continue
+            windows = hist[: s - 1].unfold(0, n, 1)  # [S-n, n], excludes the suffix itself
+            hits = (windows == hist[s - n :]).all(1).nonzero().flatten()
+            if hits.numel():
+                start = int(hits[-1]) + n
+                return hist[start : start + k].tolist()
+        return []
+
+    def propose_batch(self, histories: list[Tensor], k: int) -> Tensor:
+        """Drafts [B, k] for each history, padded with -1."""
+        out = torch.full((len(histories), k), -1, dtype=torch.long)
+        for row, hist in enumerate(histories):
+            draft = self.propose(hist, k)
+            if draft:
+                out[row, : len(draft)] = torch.tensor(draft)
+        return out

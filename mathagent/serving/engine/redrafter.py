@@ -1,0 +1,184 @@
+"""ReDrafter: a recurrent draft head over the target's last hidden state (apple/ml-recurrent-drafter).
+
+The drafter reads the target's final (normed) hidden state ``h`` at the last committed position
+and the target's own token embeddings. An RNN state ``s`` starts at zero and advances once per
+drafted token, ``s = silu(W e(token) + U s)``; the head maps ``[h, s]`` through optional
+``input_proj``, residual blocks ``x + silu(Linear(x))`` and a vocabulary projection. Beam search
+over ``draft_len`` steps yields candidates for tree verification.
+
+Checkpoint: ``config.json`` (``vocab_size``, ``hidden_size``, ``exit_dim``, ``num_draft_layers``,
+``rnn``, ...) and ``model.safetensors`` with the names TensorRT-LLM's
+``examples/redrafter/convert_checkpoint.py`` reads: ``input_proj.{weight,bias}`` (only when
+``exit_dim != 2 * hidden_size``), ``lm_head.{i}.linear.{weight,bias}`` for each residual block,
+``lm_head.{num_draft_layers}.weight``, ``rnn_u.{weight,bias}`` and ``rnn_w.weight``.
+A compact checkpoint may leave out the vocabulary projection when ``config["lm_head_from_base"]``
+says it equals the base model's token embedding (it is then filled in from the base at load).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+
+@dataclass
+class DrafterConfig:
+    """The keys of a ReDrafter ``config.json`` (apple/ml-recurrent-drafter, TensorRT-LLM)."""
+
+    vocab_size: int
+    hidden_size: int
+    exit_dim: int
+    num_draft_layers: int = 2
+    rnn: bool = True
+    num_lookback_tokens: int = -1
+    model_type: str = "recurrent_drafting_drafter"
+    lm_head_from_base: bool = False  # vocab projection initialised from (and frozen to) the base
+
+
+class ResBlock(nn.Module):
+    """``x + silu(Linear(x))``, the drafter's residual layer."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(dim, dim, bias=True)
+        nn.init.zeros_(self.linear.weight)  # starts as the identity, like the reference
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + F.silu(self.linear(x))
+
+
+class Drafter(nn.Module):
+    """The recurrent draft head; parameter names match the ReDrafter checkpoint format."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.config = config
+        h, d = config.hidden_size, config.exit_dim
+        self.input_proj = nn.Linear(2 * h, d) if 2 * h != d else None
+        blocks: list[nn.Module] = [ResBlock(d) for _ in range(config.num_draft_layers)]
+        self.lm_head = nn.Sequential(*blocks, nn.Linear(d, config.vocab_size, bias=False))
+        if config.rnn:
+            self.rnn_u = nn.Linear(h, h, bias=True)
+            self.rnn_w = nn.Linear(h, h, bias=False)
+
+    def step_state(self, state: Tensor, emb: Tensor) -> Tensor:
+        """Advance the recurrent state by one drafted token's embedding."""
+        if self.config.rnn:
+            return F.silu(self.rnn_w(emb) + self.rnn_u(state))
+        return state + emb
+
+    def logits(self, context: Tensor, state: Tensor) -> Tensor:
+        """Draft logits [..., V] from the target's hidden state and the recurrent state."""
+        x = torch.cat([context, state], dim=-1)
+        if self.input_proj is not None:
+            x = self.input_proj(x)
+        return self.lm_head(x).float()
+
+    def teacher_forced_logits(self, hidden: Tensor, embs: Tensor, steps: int) -> list[Tensor]:
+        """Training forward: logits of step i at position t predict token t + 2 + i.
+
+        hidden: [B, T, H] target hidden states; embs: [B, T, H] embeddings of the input tokens.
+        Returns ``steps`` tensors [B, T - 1 - i, V] (positions whose inputs exist).
+        """
+        t = hidden.shape[1]
+        state = torch.zeros_like(hidden)
+        out = []
+        for i in range(steps):
+            # step i at position t consumes the embedding of token t + 1 + i
+            state = self.step_state(state[:, : t - 1 - i], embs[:, 1 + i :])
+            out.append(self.logits(hidden[:, : t - 1 - i], state))
+        return out
+
+    @torch.no_grad()
+    def beam_search(
+        self, context: Tensor, root: Tensor, embedding: Tensor, width: int, length: int
+    ) -> Tensor:
+        """Greedy-mode candidates: beams [B, W, 1 + length] starting with ``root``.
+
+        context: [B, H] target hidden state at the last committed position; root: [B] the token
+        the target just produced there; embedding: [V, H] the target's token embedding.
+        """
+        b, h = context.shape
+        vocab = embedding.shape[0]
+        ctx = context[:, None].expand(b, width, h)
+        beams = root[:, None, None].expand(b, width, 1)
+        state = context.new_zeros(b, width, h)
+        # only beam 0 is live at first, so step one spreads the top-W tokens over the beams
+        score = torch.full((b, width), float("-inf"), device=context.device)
+        score[:, 0] = 0.0
+        for _ in range(length):
+            state = self.step_state(state, embedding[beams[..., -1]])
+            logp = F.log_softmax(self.logits(ctx, state), dim=-1)  # [B, W, V]
+            flat = (score[..., None] + logp).view(b, width * vocab)
+            score, idx = flat.topk(width, dim=-1)
+            src = idx // vocab
+            beams = torch.cat(
+                [beams.gather(1, src[..., None].expand_as(beams)), (idx % vocab)[..., None]], -1
+            )
+            state = state.gather(1, src[..., None].expand_as(state))
+        return beams
+
+    @torch.no_grad()
+    def sample_chain(
+        self,
+        context: Tensor,
+        root: Tensor,
+        embedding: Tensor,
+        length: int,
+        warp,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """Sampling-mode draft: one chain drawn from the warped drafter distribution q.
+
+        ``warp`` maps logits [B, V] to probabilities with the request's temperature/top-p/top-k.
+        Returns drafts [B, length] and q [B, length, V].
+        """
+        state = context.new_zeros(context.shape)
+        tok, drafts, qs = root, [], []
+        for _ in range(length):
+            state = self.step_state(state, embedding[tok])
+            q = warp(self.logits(context, state))
+            tok = torch.multinomial(q, 1, generator=generator).squeeze(1)
+            drafts.append(tok)
+            qs.append(q)
+        return torch.stack(drafts, 1), torch.stack(qs, 1)
+
+    def head_name(self) -> str:
+        """Name of the vocabulary projection weight in the checkpoint."""
+        return f"lm_head.{self.config.num_draft_layers}.weight"
+
+    def save_pretrained(self, out: Path, compact: bool = False) -> None:
+        """Write ``config.json`` + ``model.safetensors``; ``compact`` drops a base-tied head."""
+        out.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        if compact and self.config.lm_head_from_base:
+            del state[self.head_name()]
+        save_file(state, str(out / "model.safetensors"))
+        (out / "config.json").write_text(json.dumps(asdict(self.config), indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, path: Path, base_embedding: Tensor | None = None) -> Drafter:
+        """Load a checkpoint folder; a compact one takes its head from ``base_embedding``."""
+        path = Path(path)
+        if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+            raise FileNotFoundError(
+                f"{path} is not a ReDrafter checkpoint (config.json + model.safetensors)"
+            )
+        raw = json.loads((path / "config.json").read_text())
+        fields = DrafterConfig.__dataclass_fields__
+        drafter = cls(DrafterConfig(**{k: v for k, v in raw.items() if k in fields}))
+        state = load_file(str(path / "model.safetensors"))
+        if drafter.head_name() not in state:
+            if base_embedding is None:
+                raise ValueError(
+                    f"{path} leaves out {drafter.head_name()}; pass the base embedding"
+                )
+            state[drafter.head_name()] = base_embedding
+        drafter.load_state_dict({k: v.float() for k, v in state.items()})
+        return drafter

@@ -1,0 +1,240 @@
+"""Train a ReDrafter head on a frozen base model (teacher-forced hidden states).
+
+The base runs once over every training sequence; its final hidden states are kept (bf16) and
+the drafter trains on them for several epochs, so the base's cost is paid once. The loss at
+position t sums cross-entropy over the next ``draft_len`` tokens (t + 2 ... t + 1 + draft_len),
+as in apple/ml-recurrent-drafter, and held-out sequences give ``redrafter{i}_top1`` / ``_top5``
+(step i predicts token t + 2 + i with teacher forcing).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mathagent.serving.engine.redrafter import Drafter, DrafterConfig
+
+log = logging.getLogger(__name__)
+
+HiddenFn = Callable[[list[int]], Tensor]  # token ids -> final hidden states [T, H]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Drafter shape and optimisation knobs."""
+
+    draft_len: int = 3
+    layers: int = 2
+    exit_dim: int | None = None  # None = the base's hidden size, head tied to the base embedding
+    epochs: int = 3
+    lr: float = 3e-3
+    batch_tokens: int = 2048
+    max_seq_len: int = 1024
+    holdout: float = 0.1
+    seed: int = 0
+    top_k: int = 5
+
+
+@dataclass
+class Example:
+    """One training sequence; ``start`` is the first position whose token is a label."""
+
+    tokens: list[int]
+    start: int = 0
+
+
+def load_examples(path: Path, encode: Callable[[str], list[int]], max_len: int) -> list[Example]:
+    """Read JSONL (``text``, or ``prompt`` + ``completion``) or plain text (blank-line blocks).
+
+    With prompt + completion only completion tokens are labels: the drafter learns what the
+    base generates, not what users type.
+    """
+    examples = []
+    if path.suffix == ".jsonl":
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if "completion" in rec:
+                prompt = encode(rec.get("prompt", ""))
+                toks = prompt + encode(rec["completion"])
+                start = len(prompt)
+            else:
+                toks, start = encode(rec["text"]), 0
+            examples.append(_clip(toks, start, max_len))
+    else:
+        blocks = [b for b in path.read_text().split("\n\n") if b.strip()]
+        examples = [_clip(encode(b), 0, max_len) for b in blocks]
+    examples = [e for e in examples if len(e.tokens) - max(e.start, 1) >= 2]
+    if not examples:
+        raise ValueError(f"{path} holds no usable training text")
+    return examples
+
+
+def _clip(tokens: list[int], start: int, max_len: int) -> Example:
+    """Keep at most ``max_len`` tokens, dropping the front of a long prompt first."""
+    if len(tokens) <= max_len:
+        return Example(tokens, start)
+    cut = len(tokens) - max_len
+    return Example(tokens[cut:], max(0, start - cut))
+
+
+@dataclass
+class Features:
+    """Teacher-forced base outputs for one sequence."""
+
+    hidden: Tensor  # [T, H] bf16 final hidden states
+    tokens: Tensor  # [T] int64
+    start: int
+
+
+def collect_features(hidden_fn: HiddenFn, examples: Iterable[Example]) -> list[Features]:
+    """Run the frozen base over every example once."""
+    out = []
+    for ex in examples:
+        with torch.inference_mode():
+            h = hidden_fn(ex.tokens)
+        out.append(Features(h.to(torch.bfloat16), torch.tensor(ex.tokens), ex.start))
+    return out
+
+
+def drafter_loss(
+    drafter: Drafter, embedding: Tensor, feats: Features, steps: int, top_k: int
+) -> tuple[Tensor, dict[str, tuple[float, int]]]:
+    """Loss summed over draft steps, and per-step (correct, count) for top-1 / top-k."""
+    hidden = feats.hidden.float()[None]
+    toks = feats.tokens
+    logits = drafter.teacher_forced_logits(hidden, embedding[toks][None], steps)
+    loss = hidden.new_zeros(())
+    stats: dict[str, tuple[float, int]] = {}
+    for i, lg in enumerate(logits):
+        labels = toks[2 + i :]
+        # position t predicts t + 2 + i; keep labels inside the completion
+        first = max(feats.start - 2 - i, 0)
+        lg, labels = lg[0, first : labels.numel()], labels[first:]
+        if labels.numel() == 0:
+            continue
+        loss = loss + F.cross_entropy(lg, labels, reduction="sum") / max(1, labels.numel())
+        top = lg.topk(top_k, dim=-1).indices
+        hit1 = (top[:, 0] == labels).sum().item()
+        hitk = (top == labels[:, None]).any(-1).sum().item()
+        stats[f"redrafter{i}_top1"] = (hit1, labels.numel())
+        stats[f"redrafter{i}_top{top_k}"] = (hitk, labels.numel())
+    return loss, stats
+
+
+def evaluate(
+    drafter: Drafter, embedding: Tensor, feats: list[Features], cfg: TrainConfig
+) -> dict[str, float]:
+    """Held-out top-1 / top-k accuracy per draft step."""
+    totals: dict[str, list[float]] = {}
+    with torch.no_grad():
+        for f in feats:
+            _, stats = drafter_loss(drafter, embedding, f, cfg.draft_len, cfg.top_k)
+            for key, (hit, n) in stats.items():
+                acc = totals.setdefault(key, [0.0, 0.0])
+                acc[0] += hit
+                acc[1] += n
+    return {k: round(h / n, 4) for k, (h, n) in sorted(totals.items()) if n}
+
+
+def new_drafter(embedding: Tensor, cfg: TrainConfig) -> Drafter:
+    """A drafter shaped for the base; a base-tied head starts as the base's own projection."""
+    vocab, hidden = embedding.shape
+    tied = cfg.exit_dim is None
+    config = DrafterConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        exit_dim=hidden if tied else cfg.exit_dim,
+        num_draft_layers=cfg.layers,
+        rnn=True,
+        lm_head_from_base=tied,
+    )
+    drafter = Drafter(config)
+    if tied:
+        head = drafter.lm_head[-1]
+        head.weight.data.copy_(embedding)
+        head.weight.requires_grad_(False)
+        proj = drafter.input_proj
+        if proj is not None:  # start by passing the base's hidden state through
+            proj.weight.data.zero_()
+            proj.weight.data[:, :hidden] = torch.eye(hidden)
+            proj.bias.data.zero_()
+    return drafter
+
+
+def train(
+    hidden_fn: HiddenFn,
+    embedding: Tensor,
+    examples: list[Example],
+    cfg: TrainConfig,
+    out: Path,
+    report: Callable[[dict], None] = lambda m: log.info("%s", m),
+) -> dict[str, float]:
+    """Train, evaluate on held-out examples, save the checkpoint; return the final metrics."""
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    examples = list(examples)
+    rng.shuffle(examples)
+    n_eval = max(1, math.ceil(cfg.holdout * len(examples))) if len(examples) > 1 else 0
+    embedding = embedding.float()
+    t0 = time.perf_counter()
+    train_feats = collect_features(hidden_fn, examples[n_eval:])
+    eval_feats = collect_features(hidden_fn, examples[:n_eval]) or train_feats
+    report(
+        {
+            "event": "features",
+            "sequences": len(examples),
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
+    )
+    drafter = new_drafter(embedding, cfg)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    batches = _batches(train_feats, cfg.batch_tokens)
+    total = max(1, cfg.epochs * len(batches))
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=cfg.lr, total_steps=total, pct_start=0.1
+    )
+    step = 0
+    for epoch in range(cfg.epochs):
+        rng.shuffle(batches)
+        for batch in batches:
+            loss = sum(
+                drafter_loss(drafter, embedding, f, cfg.draft_len, cfg.top_k)[0] for f in batch
+            )
+            opt.zero_grad()
+            (loss / len(batch)).backward()
+            opt.step()
+            sched.step()
+            step += 1
+        metrics = evaluate(drafter, embedding, eval_feats, cfg)
+        report({"event": "eval", "epoch": epoch + 1, "step": step, **metrics})
+    drafter.save_pretrained(out, compact=False)
+    metrics = evaluate(drafter, embedding, eval_feats, cfg)
+    (out / "train_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    return metrics
+
+
+def _batches(feats: list[Features], batch_tokens: int) -> list[list[Features]]:
+    """Group sequences into batches of about ``batch_tokens`` tokens."""
+    batches, cur, size = [], [], 0
+    for f in feats:
+        cur.append(f)
+        size += f.tokens.numel()
+        if size >= batch_tokens:
+            batches.append(cur)
+            cur, size = [], 0
+    if cur:
+        batches.append(cur)
+    return batches

@@ -1,0 +1,92 @@
+"""The ReDrafter head: checkpoint format, teacher forcing and beam search."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from mathagent.serving.engine.ngram import NgramProposer
+from mathagent.serving.engine.redrafter import Drafter, DrafterConfig
+
+# What TensorRT-LLM's examples/redrafter/convert_checkpoint.py reads from a drafter folder.
+TRTLLM_CONFIG_KEYS = {"hidden_size", "exit_dim", "num_draft_layers", "rnn", "vocab_size"}
+
+
+def trtllm_tensor_names(config: dict) -> set[str]:
+    names = {
+        f"lm_head.{config['num_draft_layers']}.weight",
+        "rnn_u.weight",
+        "rnn_u.bias",
+        "rnn_w.weight",
+    }
+    for i in range(config["num_draft_layers"]):
+        names |= {f"lm_head.{i}.linear.weight", f"lm_head.{i}.linear.bias"}
+    if config["exit_dim"] != 2 * config["hidden_size"]:
+        names |= {"input_proj.weight", "input_proj.bias"}
+    return names
+
+
+def assert_trtllm_checkpoint(path: Path) -> None:
+    """The folder holds exactly what the TensorRT-LLM converter looks up."""
+    config = json.loads((path / "config.json").read_text())
+    assert config.keys() >= TRTLLM_CONFIG_KEYS
+    assert set(load_file(str(path / "model.safetensors"))) == trtllm_tensor_names(config)
+
+
+def _drafter(exit_dim: int = 32) -> Drafter:
+    torch.manual_seed(0)
+    d = Drafter(DrafterConfig(vocab_size=50, hidden_size=16, exit_dim=exit_dim, num_draft_layers=2))
+    for p in d.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return d
+
+
+def test_checkpoint_round_trip_uses_trtllm_names(tmp_path: Path) -> None:
+    for exit_dim in (32, 24):
+        d = _drafter(exit_dim)
+        d.save_pretrained(tmp_path / str(exit_dim))
+        assert_trtllm_checkpoint(tmp_path / str(exit_dim))
+        again = Drafter.from_pretrained(tmp_path / str(exit_dim))
+        x, s = torch.randn(3, 16), torch.randn(3, 16)
+        torch.testing.assert_close(again.logits(x, s), d.logits(x, s))
+
+
+def test_teacher_forcing_matches_step_by_step_drafting() -> None:
+    d = _drafter()
+    emb = torch.randn(50, 16)
+    hidden, toks = torch.randn(1, 6, 16), torch.randint(0, 50, (6,))
+    tf = d.teacher_forced_logits(hidden, emb[toks][None], steps=3)
+    t = 1  # position 1: state advances on tokens 2, 3, 4 and predicts 3, 4, 5
+    state = torch.zeros(1, 16)
+    for i in range(3):
+        state = d.step_state(state, emb[toks[t + 1 + i]][None])
+        torch.testing.assert_close(tf[i][0, t], d.logits(hidden[:, t], state)[0])
+
+
+def test_beam_search_top_beam_is_greedy_and_beams_are_distinct() -> None:
+    d = _drafter()
+    emb = torch.randn(50, 16)
+    ctx, root = torch.randn(2, 16), torch.tensor([3, 7])
+    beams = d.beam_search(ctx, root, emb, width=4, length=3)
+    assert beams.shape == (2, 4, 4)
+    assert (beams[..., 0] == root[:, None]).all()
+    for b in range(2):
+        assert len({tuple(r) for r in beams[b].tolist()}) == 4
+    one = d.beam_search(ctx, root, emb, width=1, length=3)
+    state, tok = torch.zeros(2, 16), root
+    for i in range(3):
+        state = d.step_state(state, emb[tok])
+        tok = d.logits(ctx, state).argmax(-1)
+        assert one[:, 0, 1 + i].tolist() == tok.tolist()
+
+
+def test_ngram_copies_what_followed_the_latest_match() -> None:
+    prop = NgramProposer(max_ngram=2)
+    hist = torch.tensor([1, 2, 3, 4, 9, 1, 2, 5, 6, 1, 2])
+    assert prop.propose(hist, 3) == [5, 6, 1]
+    assert prop.propose(torch.tensor([7, 8]), 3) == []
+    batch = prop.propose_batch([hist, torch.tensor([4, 4])], 2)
+    assert batch.tolist() == [[5, 6], [4, -1]]
