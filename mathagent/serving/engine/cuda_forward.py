@@ -30,6 +30,8 @@ class StepInputs:
     slots: torch.Tensor  # [B] int64 cache slot per row
     start: torch.Tensor  # [B] int64 where row b's T new tokens are cached (consecutively)
     tree: torch.Tensor  # [B, T, T] int8 which new tokens each new token sees
+    write: torch.Tensor  # [B, T] int64 cache position of each new token's K/V
+    write_slot: torch.Tensor  # [B, T] int64 its slot (padding goes to a scratch slot)
 
     @classmethod
     def allocate(cls, batch: int, width: int, device: torch.device) -> StepInputs:
@@ -41,12 +43,19 @@ class StepInputs:
             slots=torch.zeros(batch, dtype=torch.long, device=device),
             start=torch.zeros(batch, dtype=torch.long, device=device),
             tree=causal.expand(batch, width, width).contiguous(),
+            write=torch.arange(width, device=device).expand(batch, width).contiguous(),
+            write_slot=torch.zeros(batch, width, dtype=torch.long, device=device),
         )
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` through the Triton GEMV when the product is skinny enough."""
-    if cuda_kernels.gemv_supported(x, weight):
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    fast: frozenset[tuple[int, int]],
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``F.linear``, through the Triton GEMV for one row when ``fast`` holds the weight's shape."""
+    if x.numel() == x.shape[-1] and tuple(weight.shape) in fast:
         y = cuda_kernels.gemv(x, weight)
         return y if bias is None else y + bias
     return F.linear(x, weight, bias)
@@ -73,6 +82,7 @@ class LayerShape:
     head_dim: int
     inter: int
     eps: float
+    fast: frozenset[tuple[int, int]]  # weight shapes where the Triton GEMV beats cuBLAS
 
 
 def layer_weights(block: torch.nn.Module) -> tuple[torch.Tensor | None, ...]:
@@ -100,20 +110,19 @@ def layer_step(
     nh, nkv, hd, eps = shape.n_heads, shape.n_kv, shape.head_dim, shape.eps
     h = h + delta  # [B, T, H]
     bsz, width, _ = h.shape
-    qkv = linear(rms_norm(h, ln1, eps), wqkv, bqkv)
+    fast = shape.fast
+    qkv = linear(rms_norm(h, ln1, eps), wqkv, fast, bqkv)
     q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
     q, k = q.view(bsz, width, nh, hd), k.view(bsz, width, nkv, hd)
     if q_norm is not None and k_norm is not None:
         q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
     q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-    write = inp.start[:, None] + torch.arange(width, device=h.device)  # [B, T]
-    rows = inp.slots[:, None].expand_as(write)
-    k_cache[rows, :, write] = k
-    v_cache[rows, :, write] = v.view(bsz, width, nkv, hd)
+    k_cache[inp.write_slot, :, inp.write] = k
+    v_cache[inp.write_slot, :, inp.write] = v.view(bsz, width, nkv, hd)
     o = cuda_kernels.decode_attention(q, k_cache, v_cache, inp.slots, inp.start, inp.tree)
-    h = h + linear(o.reshape(bsz, width, nh * hd), wo)
-    gate, up = linear(rms_norm(h, ln2, eps), w13).split(shape.inter, dim=-1)
-    return h, linear(F.silu(gate) * up, w2)
+    h = h + linear(o.reshape(bsz, width, nh * hd), wo, fast)
+    gate, up = linear(rms_norm(h, ln2, eps), w13, fast).split(shape.inter, dim=-1)
+    return h, linear(F.silu(gate) * up, w2, fast)
 
 
 class CudaForward:
@@ -122,20 +131,31 @@ class CudaForward:
     def __init__(self, model: Transformer, cache: object, cos: torch.Tensor, sin: torch.Tensor):
         self.model = model
         args = model.args
-        self.shape = LayerShape(
-            args.num_heads, args.num_kv_heads, args.head_dim, args.intermediate_size, args.rms_norm_eps
-        )
         self.weights = [layer_weights(block) for block in model.layers]
+        self.shape = LayerShape(
+            args.num_heads, args.num_kv_heads, args.head_dim, args.intermediate_size,
+            args.rms_norm_eps, self._fast_shapes(),
+        )  # fmt: skip
         self.k, self.v = cache.k, cache.v  # [L, S, Hkv, max_seq, D]
         self.cos, self.sin = cos, sin  # [max_seq, D] in the model dtype
         # One region per layer: same code and shapes in every layer, so it compiles once.
         self.layer = torch.compile(layer_step, fullgraph=True, dynamic=False)
         self.head = torch.compile(self._head, fullgraph=True, dynamic=False)
 
+    def _fast_shapes(self) -> frozenset[tuple[int, int]]:
+        """The weight shapes whose one-row products go to the Triton GEMV (measured)."""
+        weights = [w for w in self.weights[0] if w is not None and w.dim() == 2]
+        weights.append(self.model.output.weight)
+        return frozenset(
+            tuple(w.shape)
+            for w in weights
+            if cuda_kernels.gemv_fits(w) and cuda_kernels.gemv_beats_cublas(w)
+        )
+
     def _head(self, h: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         norm = self.model.norm
         hidden = rms_norm(h + delta, norm.weight, norm.eps)
-        return linear(hidden, self.model.output.weight).float(), hidden
+        return linear(hidden, self.model.output.weight, self.shape.fast).float(), hidden
 
     def __call__(self, inp: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         h = F.embedding(inp.tokens, self.model.tok_embeddings.weight)  # [B, T, H]

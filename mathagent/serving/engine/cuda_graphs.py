@@ -3,7 +3,8 @@
 A batch-1 decode step of an 8B model is ~300 kernels of a few microseconds each; launched from
 Python they cost more than the step's weight reads. Capturing the step once per static shape
 and replaying it removes the launch cost (benchmarks/GPU_NOTES.md). Rows are padded up to the
-bucket; padded rows write their K/V into a scratch slot no sequence owns. Inputs are copied
+bucket (and tokens per row up to a width bucket); padded rows and columns write their K/V
+into a scratch slot no sequence owns, and no real token sees them. Inputs are copied
 into the graph's static buffers on the device, so a step never waits on the host.
 """
 
@@ -15,7 +16,9 @@ from mathagent.serving.engine.cuda_forward import CudaForward, StepInputs
 from mathagent.serving.engine.model import Transformer
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)
-MAX_WIDTH = 16  # tokens per row a graph takes (decode 1, verify draft_len + 1, a draft tree)
+# Tokens per row a graph takes: decode 1, verify draft_len + 1, a flattened draft tree.
+WIDTH_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 12, 16)
+MAX_WIDTH = WIDTH_BUCKETS[-1]
 
 
 class CudaGraphRunner:
@@ -31,14 +34,17 @@ class CudaGraphRunner:
         scratch_slot: int,
     ) -> None:
         # Each (batch, width) shape compiles its own layer region; allow many shapes.
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        cfg = torch._dynamo.config
+        name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+        setattr(cfg, name, max(getattr(cfg, name), 64))
         self.forward = CudaForward(model, cache, cos, sin)
         self.device = cos.device
         self.max_batch = max_batch
         self.scratch_slot = scratch_slot
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, StepInputs, tuple]] = {}
-        self.causal: set[tuple[int, int]] = set()  # shapes whose tree buffer holds the causal mask
+        self.causal: dict[tuple[int, int], int] = {}  # shape -> width its tree holds causal
+        self.padded: dict[tuple[int, int], tuple[int, int]] = {}  # shape -> rows, width padded
 
     def accepts(self, batch: int, width: int) -> bool:
         """Whether a step of this shape runs here (else the caller runs it eagerly)."""
@@ -53,6 +59,7 @@ class CudaGraphRunner:
         """Compile, warm up (Triton autotuning included) and capture one step shape."""
         inp = StepInputs.allocate(batch, width, self.device)
         inp.slots.fill_(self.scratch_slot)
+        inp.write_slot.fill_(self.scratch_slot)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), torch.inference_mode():
@@ -63,7 +70,6 @@ class CudaGraphRunner:
         with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
             out = self.forward(inp)
         self.graphs[(batch, width)] = (graph, inp, out)
-        self.causal.add((batch, width))
 
     @torch.inference_mode()
     def run(
@@ -82,23 +88,53 @@ class CudaGraphRunner:
         until the next step.
         """
         rows, width = tokens.shape
-        key = (self.bucket(rows), width)
+        key = (self.bucket(rows), self.width_bucket(width))
         if key not in self.graphs:
             self.capture(*key)
         graph, inp, (logits, hidden) = self.graphs[key]
-        inp.tokens[:rows].copy_(tokens)
-        inp.positions[:rows].copy_(positions)
+        inp.tokens[:rows, :width].copy_(tokens)
+        inp.positions[:rows, :width].copy_(positions)
         inp.slots[:rows].copy_(slots)
-        inp.slots[rows:].fill_(self.scratch_slot)
         inp.start[:rows].copy_(write_positions[:, 0])
-        inp.start[rows:].zero_()
-        if attn_mask is None:
-            if key not in self.causal:
-                inp.tree.copy_(torch.tril(torch.ones_like(inp.tree[0])).expand_as(inp.tree))
-                self.causal.add(key)
-        else:
-            self.causal.discard(key)
-            cols = write_positions[:, None, :].expand(rows, width, width)
-            inp.tree[:rows].copy_(attn_mask.gather(2, cols))
+        inp.write[:rows, :width].copy_(write_positions)
+        inp.write_slot[:rows, :width].copy_(slots[:, None].expand(rows, width))
+        self._set_tree(key, rows, width, attn_mask, write_positions)
+        if self.padded.get(key) != (rows, width):
+            self._pad(inp, rows, width)
+            self.padded[key] = (rows, width)
         graph.replay()
-        return logits[:rows], hidden[:rows]
+        return logits[:rows, :width], hidden[:rows, :width]
+
+    def width_bucket(self, width: int) -> int:
+        """The captured tokens-per-row that serves ``width``."""
+        return next(w for w in WIDTH_BUCKETS if w >= width)
+
+    def _pad(self, inp: StepInputs, rows: int, width: int) -> None:
+        """Point padded rows and columns at the scratch slot (their outputs are ignored)."""
+        inp.slots[rows:].fill_(self.scratch_slot)
+        inp.start[rows:].zero_()
+        inp.write_slot[rows:].fill_(self.scratch_slot)
+        inp.write_slot[:, width:].fill_(self.scratch_slot)
+        inp.write[:, width:].copy_(torch.arange(width, inp.write.shape[1], device=self.device))
+
+    def _set_tree(
+        self,
+        key: tuple[int, int],
+        rows: int,
+        width: int,
+        attn_mask: torch.Tensor | None,
+        write_positions: torch.Tensor,
+    ) -> None:
+        """Fill the new tokens' mask: causal by default, else read off ``attn_mask``."""
+        tree = self.graphs[key][1].tree
+        if attn_mask is None:
+            if self.causal.get(key) == width:
+                return
+            tree.zero_()
+            tree[:, :width, :width] = torch.tril(torch.ones_like(tree[0, :width, :width]))
+            self.causal[key] = width
+            return
+        self.causal.pop(key, None)
+        cols = write_positions[:, None, :].expand(rows, width, width)
+        tree.zero_()
+        tree[:rows, :width, :width] = attn_mask.gather(2, cols)

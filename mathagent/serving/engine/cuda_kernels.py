@@ -3,7 +3,7 @@
 Decode reads every weight once per step, so its speed is the bandwidth of the matrix products
 at a handful of rows, plus the attention over each slot's cached keys. cuBLAS reaches about 3.8
 TB/s on the 8B shape's matrices at one row and 2.8 on the 1B shape's (benchmarks/GPU_NOTES.md);
-:func:`gemv` is a plain streaming kernel for up to 16 rows. :func:`decode_attention` is
+:func:`gemv` is a plain streaming kernel for one row, used per shape where it measures faster. :func:`decode_attention` is
 split-KV ("flash-decoding"): each program covers one slot, one KV head and one stretch of
 positions, reads only positions below the slot's length (read on the device, so the launch is
 CUDA-graph safe), and a second kernel merges the stretches. New tokens (a decode token, a
@@ -25,9 +25,6 @@ try:
 except ImportError:  # CPU-only installs have no Triton; the CUDA path is then unavailable
     triton = None
 
-GEMV_MAX_ROWS = 16
-
-
 def available() -> bool:
     """True when Triton and a CUDA device are present."""
     return triton is not None and torch.cuda.is_available()
@@ -36,42 +33,36 @@ def available() -> bool:
 if triton is not None:
 
     def _gemv_configs() -> list[triton.Config]:
-        shapes = [(4, 1024), (8, 512), (8, 1024), (16, 512), (16, 1024), (32, 256), (32, 512)]
+        tiles = [(4, 1024), (8, 512), (8, 1024), (16, 256), (16, 512), (32, 256), (64, 128)]
         return [
-            triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
-            for n, k in shapes
-            for w in (4, 8)
-            for s in (1, 3)
-            if n * k // (32 * w) <= 128  # fp32 weight tile registers per thread
+            triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w)
+            for n, k in tiles
+            for w in (2, 4, 8)
+            if n * k // (32 * w) <= 128  # fp32 accumulator registers per thread
         ]
 
-    def _autotune(**kwargs: object):  # noqa: ANN202
-        # Short benchmarking per config: dozens of shapes get tuned while graphs are captured.
+    def _autotune(**kwargs: object):
+        # Short benchmarking per config: every weight shape is tuned when graphs are captured.
         try:
             return triton.autotune(**kwargs, warmup=5, rep=20)
         except TypeError:
             return triton.autotune(**kwargs)
 
-    @_autotune(configs=_gemv_configs(), key=["N", "K", "BLOCK_M"])
+    @_autotune(configs=_gemv_configs(), key=["N", "K"])
     @triton.jit
-    def _gemv_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rm = tl.arange(0, BLOCK_M)
         rk = tl.arange(0, BLOCK_K)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
-        x_ptrs = x_ptr + rk[None, :]  # [1, BK]; row m at + m * stride_xm
-        for _ in range(0, K, BLOCK_K):
-            w = tl.load(w_ptrs, mask=rn[:, None] < N, other=0.0).to(tl.float32)  # [BN, BK]
-            for m in tl.static_range(BLOCK_M):
-                x = tl.load(x_ptrs + m * stride_xm, mask=(rk[None, :] >= 0) & (m < M), other=0.0)
-                part = tl.sum(w * x.to(tl.float32), axis=1)  # [BN]
-                acc += tl.where(rm[:, None] == m, part[None, :], 0.0)
-            w_ptrs += BLOCK_K
-            x_ptrs += BLOCK_K
-        y_ptrs = y_ptr + rm[:, None] * stride_ym + rn[None, :]
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+        # Elementwise partial sums; one cross-thread reduction at the end, not per K step.
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            w = tl.load(w_ptrs + k0, mask=rn[:, None] < N, other=0.0)  # [BN, BK]
+            x = tl.load(x_ptr + k0 + rk)  # [BK]
+            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        y = tl.sum(acc, axis=1)
+        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
 
     @triton.jit
     def _attn_partial_kernel(
@@ -79,7 +70,7 @@ if triton is not None:
         stride_qb, stride_qt, stride_qh, stride_ks, stride_kh, stride_kp,
         HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
         QROWS: tl.constexpr, PART: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
-        IEEE: tl.constexpr,
+        MAX_SEQ: tl.constexpr, IEEE: tl.constexpr,
     ):  # fmt: skip
         pid, split = tl.program_id(0), tl.program_id(1)
         b, kvh = pid // HKV, pid % HKV
@@ -101,10 +92,11 @@ if triton is not None:
         l_i = tl.zeros((QROWS,), tl.float32)
         acc = tl.zeros((QROWS, D), tl.float32)
         hi = tl.minimum(lo + PART, total)
+        kv_end = tl.minimum(total, MAX_SEQ)  # padded new tokens may run past the cache
         for s0 in range(lo, hi, BLOCK_S):
             p = s0 + tl.arange(0, BLOCK_S)
             kv_off = kv_base + p[:, None] * stride_kp + d[None, :]
-            k = tl.load(k_ptr + kv_off, mask=p[:, None] < total, other=0.0)  # [BS, D]
+            k = tl.load(k_ptr + kv_off, mask=p[:, None] < kv_end, other=0.0)  # [BS, D]
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
             else:
@@ -119,7 +111,7 @@ if triton is not None:
             alpha = tl.exp2(m_i - m_safe)
             pr = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(pr, axis=1)
-            v = tl.load(v_ptr + kv_off, mask=p[:, None] < total, other=0.0)
+            v = tl.load(v_ptr + kv_off, mask=p[:, None] < kv_end, other=0.0)
             if IEEE:
                 pv = tl.dot(pr, v.to(tl.float32), input_precision="ieee")
             else:
@@ -138,7 +130,7 @@ if triton is not None:
     ):  # fmt: skip
         pid = tl.program_id(0)
         b, kvh = pid // HKV, pid % HKV
-        n_active = tl.cdiv(tl.load(start_ptr + b) + T, PART)
+        n_active = tl.minimum(tl.cdiv(tl.load(start_ptr + b) + T, PART), NSPLIT)
         r = tl.arange(0, QROWS)
         d = tl.arange(0, D)
         m_run = tl.full((QROWS,), float("-inf"), tl.float32)
@@ -161,14 +153,12 @@ if triton is not None:
 
 @torch.library.custom_op("mathagent::gemv", mutates_args=())
 def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x [..., K] @ weight[N, K].T`` for at most 16 rows of ``x``; bandwidth-bound."""
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k)
-    m, n = x2.shape[0], weight.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    """``x [..., K] @ weight[N, K].T`` for one row of ``x``; bandwidth-bound."""
+    k, n = x.shape[-1], weight.shape[0]
+    x1 = x.reshape(k).contiguous()
+    y = torch.empty(n, dtype=x.dtype, device=x.device)
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    _gemv_kernel[grid](x2, weight, y, m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
-                       BLOCK_M=triton.next_power_of_2(m))  # fmt: skip
+    _gemv_kernel[grid](x1, weight, y, n, k, weight.stride(0))
     return y.view(*x.shape[:-1], n)
 
 
@@ -177,10 +167,34 @@ def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
-def gemv_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether :func:`gemv` takes this product (few rows, contiguous, K a multiple of 512)."""
-    rows = x.numel() // x.shape[-1]
-    return rows <= GEMV_MAX_ROWS and weight.is_contiguous() and x.shape[-1] % 1024 == 0
+def gemv_fits(weight: torch.Tensor) -> bool:
+    """Whether :func:`gemv` can take products with this weight (K a multiple of 1024)."""
+    return weight.is_contiguous() and weight.shape[1] % 1024 == 0
+
+
+def gemv_beats_cublas(weight: torch.Tensor, reps: int = 20) -> bool:
+    """Time one-row products with ``weight`` both ways, each as a CUDA graph; True if ours wins.
+
+    Which is faster depends on the shape (ours streams the 1 GB LM heads faster; cuBLAS wins
+    on some mid-size matrices), so the choice is measured on the device, once per shape.
+    """
+    x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
+    times = []
+    for fn in (lambda: gemv(x, weight), lambda: torch.nn.functional.linear(x, weight)):
+        fn()  # autotune / cuBLAS heuristics outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        graph.replay()
+        start.record()
+        for _ in range(3):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times[0] < times[1]
 
 
 def attention_partition(batch: int) -> int:
@@ -220,7 +234,7 @@ def decode_attention(
         q, k_cache, v_cache, slots, start, tree, m, lsum, acc, math.log2(math.e) / math.sqrt(d),
         q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        BLOCK_S=min(part, 64), IEEE=ieee, num_warps=4, **common,
+        BLOCK_S=min(part, 64), MAX_SEQ=max_seq, IEEE=ieee, num_warps=4, **common,
     )  # fmt: skip
     _attn_merge_kernel[(bsz * hkv,)](
         out, start, m, lsum, acc, out.stride(0), out.stride(1), out.stride(2), num_warps=4, **common
@@ -229,5 +243,5 @@ def decode_attention(
 
 
 @decode_attention.register_fake
-def _(q, k_cache, v_cache, slots, start, tree):  # noqa: ANN001, ANN202
+def _(q, k_cache, v_cache, slots, start, tree):
     return torch.empty_like(q)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import torch
 
+from mathagent.serving.engine import cuda_kernels
 from mathagent.serving.engine.config import EngineConfig
+from mathagent.serving.engine.cuda_graphs import CudaGraphRunner
 from mathagent.serving.engine.kv_cache import KVCache
 from mathagent.serving.engine.model import ForwardContext, Transformer, rope_table
 from mathagent.serving.engine.sampler import Sampler, SamplingBatch
@@ -25,9 +27,10 @@ class ModelRunner:
         self.config = config
         self.device = config.device
         self.max_seq_len = config.max_seq_len
+        use_graphs = config.device.type == "cuda" and not config.eager and cuda_kernels.available()
         self.cache = KVCache(
             args.num_layers,
-            config.max_batch_size,
+            config.max_batch_size + int(use_graphs),  # + the graphs' scratch slot for padded rows
             args.num_kv_heads,
             config.max_seq_len,
             args.head_dim,
@@ -39,8 +42,17 @@ class ModelRunner:
         self.sin = sin.to(config.device, config.dtype)
         self.kv_positions = torch.arange(config.max_seq_len, device=config.device)  # [max_seq]
         self.sampler = Sampler()
-        # Compilation lives here only, so eager and compiled runs can be compared.
-        self._model = model if config.eager else torch.compile(model, dynamic=True)
+        # Compilation lives here only, so eager and compiled runs can be compared. On CUDA,
+        # decode and verify steps replay CUDA graphs; prefill (many tokens) stays eager.
+        self.graphs = (
+            CudaGraphRunner(
+                model, self.cache, self.cos, self.sin, config.max_batch_size, config.max_batch_size
+            )
+            if use_graphs
+            else None
+        )
+        compiled = not config.eager and not use_graphs
+        self._model = torch.compile(model, dynamic=True) if compiled else model
 
     @torch.inference_mode()
     def forward(
@@ -59,6 +71,12 @@ class ModelRunner:
         Returns ``(logits [B, T or 1, V] float32, hidden [B, T or 1, H])``.
         """
         write = positions if write_positions is None else write_positions
+        if self.graphs is not None and self.graphs.accepts(*tokens.shape):
+            slot_ids = torch.tensor(slots, device=self.device)
+            logits, hidden = self.graphs.run(tokens, positions, slot_ids, write, attn_mask)
+            if logits_last_only:
+                logits, hidden = logits[:, -1:], hidden[:, -1:]
+            return logits, hidden
         kv_len = int(write.max()) + 1 if attn_mask is None else attn_mask.shape[-1]
         bsz = tokens.shape[0]
         if attn_mask is None:
