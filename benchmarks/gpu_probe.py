@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gpu_common import build_hf_model, copy_bandwidth, cuda_time_ms, hf_generate_tok_s, roofline  # noqa: E402
+from gpu_common import build_hf_model, copy_bandwidth, cuda_time_ms, hf_generate_tok_s, roofline
 
 
 class Layer(torch.nn.Module):

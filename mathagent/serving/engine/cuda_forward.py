@@ -98,20 +98,29 @@ def layer_step(
     shape: LayerShape,
     weights: tuple[torch.Tensor | None, ...],
     h: torch.Tensor,
-    delta: torch.Tensor,
+    delta: torch.Tensor | None,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
     inp: StepInputs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decoder layer; returns the residual stream and the MLP output still to be added."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One decoder layer; returns the residual stream and an MLP output still to be added.
+
+    With one row and Triton GEMVs for all four products, the norms, the SiLU product and the
+    residual adds run inside the GEMVs (no delta is left over); otherwise Inductor fuses them
+    around cuBLAS products and the MLP output is added in the next region.
+    """
     ln1, wqkv, bqkv, q_norm, k_norm, wo, ln2, w13, w2 = weights
     nh, nkv, hd, eps = shape.n_heads, shape.n_kv, shape.head_dim, shape.eps
-    h = h + delta  # [B, T, H]
+    h = h if delta is None else h + delta  # [B, T, H]
     bsz, width, _ = h.shape
-    fast = shape.fast
-    qkv = linear(rms_norm(h, ln1, eps), wqkv, fast, bqkv)
+    fused = bsz * width == 1 and all(tuple(w.shape) in shape.fast for w in (wqkv, wo, w13, w2))
+    if fused:
+        qkv = cuda_kernels.gemv(h, wqkv, norm=ln1, eps=eps)
+        qkv = qkv if bqkv is None else qkv + bqkv
+    else:
+        qkv = linear(rms_norm(h, ln1, eps), wqkv, shape.fast, bqkv)
     q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
     q, k = q.view(bsz, width, nh, hd), k.view(bsz, width, nkv, hd)
     if q_norm is not None and k_norm is not None:
@@ -120,9 +129,14 @@ def layer_step(
     k_cache[inp.write_slot, :, inp.write] = k
     v_cache[inp.write_slot, :, inp.write] = v.view(bsz, width, nkv, hd)
     o = cuda_kernels.decode_attention(q, k_cache, v_cache, inp.slots, inp.start, inp.tree)
-    h = h + linear(o.reshape(bsz, width, nh * hd), wo, fast)
-    gate, up = linear(rms_norm(h, ln2, eps), w13, fast).split(shape.inter, dim=-1)
-    return h, linear(F.silu(gate) * up, w2, fast)
+    o = o.reshape(bsz, width, nh * hd)
+    if fused:
+        h = cuda_kernels.gemv(o, wo, residual=h)
+        gate_up = cuda_kernels.gemv(h, w13, norm=ln2, eps=eps)
+        return cuda_kernels.gemv(gate_up, w2, residual=h, silu_mul=True), None
+    h = h + linear(o, wo, shape.fast)
+    gate, up = linear(rms_norm(h, ln2, eps), w13, shape.fast).split(shape.inter, dim=-1)
+    return h, linear(F.silu(gate) * up, w2, shape.fast)
 
 
 class CudaForward:
@@ -152,16 +166,18 @@ class CudaForward:
             if cuda_kernels.gemv_fits(w) and cuda_kernels.gemv_beats_cublas(w)
         )
 
-    def _head(self, h: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _head(
+        self, h: torch.Tensor, delta: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         norm = self.model.norm
-        hidden = rms_norm(h + delta, norm.weight, norm.eps)
+        hidden = rms_norm(h if delta is None else h + delta, norm.weight, norm.eps)
         return linear(hidden, self.model.output.weight, self.shape.fast).float(), hidden
 
     def __call__(self, inp: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         h = F.embedding(inp.tokens, self.model.tok_embeddings.weight)  # [B, T, H]
         cos = self.cos[inp.positions][:, :, None]  # [B, T, 1, D]
         sin = self.sin[inp.positions][:, :, None]
-        delta = torch.zeros_like(h)
+        delta = None
         for i, weights in enumerate(self.weights):
             h, delta = self.layer(self.shape, weights, h, delta, self.k[i], self.v[i], cos, sin, inp)
         return self.head(h, delta)

@@ -48,21 +48,41 @@ if triton is not None:
         except TypeError:
             return triton.autotune(**kwargs)
 
-    @_autotune(configs=_gemv_configs(), key=["N", "K"])
+    @_autotune(configs=_gemv_configs(), key=["N", "K", "PRO", "RESID"])
     @triton.jit
-    def _gemv_kernel(x_ptr, w_ptr, y_ptr, N, K, stride_wn,
+    def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_wn, eps,
+                     PRO: tl.constexpr, RESID: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+        # PRO: 0 plain input; 1 RMSNorm(x) * g; 2 silu(x[:K]) * x[K:]. RESID: y += r.
+        # Roundings to the model dtype follow the eager model's op-by-op order.
+        dt = y_ptr.dtype.element_ty
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+        rstd = 0.0
+        if PRO == 1:  # every program recomputes the row's statistics: K values, from L2
+            ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                xv = tl.load(x_ptr + k0 + rk).to(tl.float32)
+                ss += xv * xv
+            rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
         # Elementwise partial sums; one cross-thread reduction at the end, not per K step.
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             w = tl.load(w_ptrs + k0, mask=rn[:, None] < N, other=0.0)  # [BN, BK]
-            x = tl.load(x_ptr + k0 + rk)  # [BK]
-            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-        y = tl.sum(acc, axis=1)
-        tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+            x = tl.load(x_ptr + k0 + rk).to(tl.float32)  # [BK]
+            if PRO == 1:
+                g = tl.load(g_ptr + k0 + rk).to(tl.float32)
+                x = ((x * rstd).to(dt).to(tl.float32) * g).to(dt).to(tl.float32)
+            elif PRO == 2:
+                up = tl.load(x_ptr + K + k0 + rk).to(tl.float32)
+                x = ((x * tl.sigmoid(x)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+            acc += w.to(tl.float32) * x[None, :]
+        y = tl.sum(acc, axis=1).to(dt)
+        if RESID:
+            r = tl.load(r_ptr + rn, mask=rn < N, other=0.0)
+            y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
+        tl.store(y_ptr + rn, y, mask=rn < N)
 
     @triton.jit
     def _attn_partial_kernel(
@@ -152,18 +172,32 @@ if triton is not None:
 
 
 @torch.library.custom_op("mathagent::gemv", mutates_args=())
-def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x [..., K] @ weight[N, K].T`` for one row of ``x``; bandwidth-bound."""
-    k, n = x.shape[-1], weight.shape[0]
-    x1 = x.reshape(k).contiguous()
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    norm: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    silu_mul: bool = False,
+) -> torch.Tensor:
+    """``f(x) @ weight[N, K].T (+ residual)`` for one row of ``x``; bandwidth-bound.
+
+    ``f`` is the identity, ``RMSNorm(x) * norm`` when ``norm`` is given, or
+    ``silu(x[:K]) * x[K:]`` when ``silu_mul`` (then ``x`` has ``2K`` values).
+    """
+    n, k = weight.shape
+    x1 = x.reshape(-1).contiguous()
     y = torch.empty(n, dtype=x.dtype, device=x.device)
+    res = x1 if residual is None else residual.reshape(n)
+    pro = 1 if norm is not None else 2 if silu_mul else 0
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    _gemv_kernel[grid](x1, weight, y, n, k, weight.stride(0))
+    _gemv_kernel[grid](x1, weight, y, x1 if norm is None else norm, res, n, k, weight.stride(0),
+                       eps, PRO=pro, RESID=residual is not None)  # fmt: skip
     return y.view(*x.shape[:-1], n)
 
 
 @gemv.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def _(x, weight, norm=None, residual=None, eps=1e-6, silu_mul=False):  # noqa: ANN001, ANN202
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 

@@ -121,6 +121,9 @@ class ModelRunner:
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """Sample one token per row of ``logits [B, V]`` with each sequence's parameters."""
+        if all(s.params.greedy for s in seqs):  # skip building per-row tensors on the host
+            with torch.inference_mode():
+                return logits.argmax(dim=-1).tolist()
         batch = SamplingBatch.build(
             [s.params for s in seqs], [s.generator for s in seqs], self.device
         )
