@@ -101,7 +101,23 @@ def serve(
     ] = False,
 ) -> None:
     """Start an OpenAI-compatible inference server."""
-    raise _not_yet("serve")
+    if engine is not EngineKind.embedded:
+        raise _not_yet(f"serve --engine {engine.value}")
+    from mathagent.serving.engine.config import EngineConfigError
+    from mathagent.serving.engine.loader import ModelLoadError
+    from mathagent.serving.engine.model import UnsupportedModelError
+    from mathagent.serving.server import serve as run_server
+
+    settings = Settings()
+    if speculative is not None:
+        settings.engine.speculative = speculative
+    if dry_run:
+        typer.echo(f"embedded engine: model={model or settings.model or 'default'} port={port}")
+        return
+    try:
+        run_server(settings, model, host or settings.host, port)
+    except (EngineConfigError, ModelLoadError, UnsupportedModelError) as exc:
+        raise _fail(str(exc)) from exc
 
 
 @app.command()
@@ -117,7 +133,33 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Generate text with the embedded engine."""
-    raise _not_yet("generate")
+    from mathagent.serving.engine.config import EngineConfig, EngineConfigError, SamplingParams
+    from mathagent.serving.engine.llm_engine import LLMEngine, PromptError
+    from mathagent.serving.engine.loader import ModelLoadError
+    from mathagent.serving.engine.model import UnsupportedModelError
+
+    settings = Settings()
+    settings.engine.speculative = speculative
+    try:
+        config = EngineConfig.from_settings(settings.engine, model or settings.model)
+        engine = LLMEngine(config, settings.model_dir)
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
+        (result,) = engine.generate([prompt], params)
+    except (EngineConfigError, ModelLoadError, UnsupportedModelError, PromptError) as exc:
+        raise _fail(str(exc)) from exc
+    m = result.metrics
+    elapsed = (m.finished or 0.0) - m.arrival
+    if not as_json:
+        typer.echo(result.text)
+        return
+    _print_json(
+        {
+            "text": result.text,
+            "tokens": len(result.token_ids),
+            "tokens_per_s": round(len(result.token_ids) / elapsed, 3) if elapsed > 0 else 0.0,
+            "acceptance_length": round(m.acceptance_length, 3),
+        }
+    )
 
 
 @sandbox_app.command("build")

@@ -54,6 +54,9 @@ RANDOM_SHAPES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+
+
 class ModelLoadError(ValueError):
     """The model spec names nothing this engine can load."""
 
@@ -63,7 +66,7 @@ class LoadedModel:
     """A ready model plus what the engine needs around it."""
 
     model: Transformer
-    tokenizer: Any | None  # a transformers tokenizer; None for random-weight models
+    tokenizer: Any | None  # a transformers tokenizer; None: prompts must be token ids
     name: str  # the served model name
     path: Path | None  # the Hugging Face folder the weights came from
     eos_token_ids: tuple[int, ...]
@@ -211,13 +214,15 @@ def load_hf_folder(
             f"{folder}: missing weights {missing[:5]}, unexpected {unexpected[:5]}"
         )
     model = model.to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = None
+    if any((folder / f).is_file() for f in _TOKENIZER_FILES):
+        tokenizer = AutoTokenizer.from_pretrained(folder)
     eos = set(args.eos_token_ids)
     gen_cfg = folder / "generation_config.json"
     if gen_cfg.is_file():
         extra = json.loads(gen_cfg.read_text()).get("eos_token_id")
         eos.update(extra if isinstance(extra, list) else [] if extra is None else [extra])
-    if tokenizer.eos_token_id is not None:
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     return LoadedModel(model, tokenizer, name or folder.name, folder, tuple(sorted(eos)))
 

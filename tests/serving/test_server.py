@@ -1,0 +1,164 @@
+"""The OpenAI client against a real uvicorn server over the real engine."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from mathagent.config import Settings
+from mathagent.serving.server import EmbeddedServer, create_app
+
+
+@pytest.fixture(scope="module")
+def reference(engine):
+    """Direct engine output, computed before the server thread owns the engine."""
+    from mathagent.serving.engine.config import SamplingParams
+
+    (res,) = engine.generate(
+        ["The capital of France is"], SamplingParams(max_tokens=12, temperature=0)
+    )
+    return res
+
+
+@pytest.fixture(scope="module")
+def base_url(engine, reference):
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(engine), host="127.0.0.1", port=0, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+@pytest.fixture
+def client(base_url):
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="EMPTY", max_retries=0)
+
+
+def test_models_and_health(client, base_url, engine):
+    assert [m.id for m in client.models.list().data] == [engine.model_name]
+    assert httpx.get(f"{base_url}/health").json() == {"status": "ok"}
+
+
+def test_completion_matches_engine(client, engine, reference):
+    resp = client.completions.create(
+        model=engine.model_name, prompt="The capital of France is", max_tokens=12, temperature=0
+    )
+    assert resp.choices[0].text == reference.text
+    assert resp.usage.completion_tokens == len(reference.token_ids)
+    assert resp.choices[0].finish_reason in ("stop", "length")
+
+
+def test_completion_token_ids_and_stream(client, engine):
+    ids = engine.tokenizer.encode("1 + 1 =", add_special_tokens=False)
+    plain = client.completions.create(model="x", prompt=ids, max_tokens=10, temperature=0)
+    chunks = list(
+        client.completions.create(
+            model="x",
+            prompt="1 + 1 =",
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == plain.choices[0].text
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+
+
+def test_chat_plain_and_stream(client):
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    resp = client.chat.completions.create(
+        model="x", messages=messages, max_tokens=16, temperature=0
+    )
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.choices[0].message.content
+    assert resp.usage.prompt_tokens > 10
+    stream = client.chat.completions.create(
+        model="x", messages=messages, max_tokens=16, temperature=0, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == resp.choices[0].message.content
+
+
+def test_stop_string_and_seed(client):
+    kw = dict(model="x", prompt="Count: 1, 2, 3,", max_tokens=20, temperature=0)
+    full = client.completions.create(**kw).choices[0].text
+    assert " 5" in full
+    cut = client.completions.create(**kw, stop=[" 5"])
+    assert cut.choices[0].text == full[: full.index(" 5")]
+    assert cut.choices[0].finish_reason == "stop"
+    kept = client.completions.create(
+        **kw, stop=" 5", extra_body={"include_stop_str_in_output": True}
+    )
+    assert kept.choices[0].text == full[: full.index(" 5") + 2]
+    sampled = dict(model="x", prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=7)
+    a = client.completions.create(**sampled, extra_body={"top_k": 50}).choices[0].text
+    b = client.completions.create(**sampled, extra_body={"top_k": 50}).choices[0].text
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": "hi", "temperature": -1},
+        {"prompt": "hi", "top_p": 0},
+        {"prompt": "hi", "max_tokens": 0},
+        {"prompt": "hi", "n": 2},
+        {"prompt": ""},
+        {"prompt": [10**9]},
+        {"prompt": "hi", "stop": [""]},
+        {"prompt": "word " * 1200},
+        {},
+    ],
+)
+def test_bad_input_is_400(base_url, body):
+    resp = httpx.post(f"{base_url}/v1/completions", json={"model": "x", **body}, timeout=60)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["message"]
+
+
+def test_too_long_prompt_names_limits(base_url, engine):
+    resp = httpx.post(f"{base_url}/v1/completions", json={"prompt": "word " * 1200}, timeout=60)
+    assert str(engine.max_seq_len) in resp.json()["error"]["message"]
+
+
+def test_disconnect_frees_slot(base_url, engine):
+    body = {"prompt": "Once upon a time", "max_tokens": 900, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=60) as resp:
+        lines = resp.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        assert len(engine.scheduler.free_slots) < engine.config.max_batch_size
+    deadline = time.monotonic() + 30
+    while len(engine.scheduler.free_slots) < engine.config.max_batch_size:
+        assert time.monotonic() < deadline, "the slot was not freed after the disconnect"
+        time.sleep(0.1)
+    assert not engine.has_unfinished()
+
+
+def test_metrics(base_url):
+    text = httpx.get(f"{base_url}/metrics").text
+    assert "mathagent_requests_total" in text
+    assert "mathagent_time_to_first_token_seconds_count" in text
+    assert "mathagent_decode_tokens_per_second" in text
+
+
+def test_embedded_server_default_model(clean_env):
+    settings = Settings()
+    settings.engine.device, settings.engine.max_seq_len = "cpu", 512
+    with EmbeddedServer(settings) as srv:
+        assert srv.model_name == "SmolLM2-135M-Instruct"
+        client = openai.OpenAI(base_url=srv.base_url, api_key="EMPTY", max_retries=0)
+        out = client.completions.create(model=srv.model_name, prompt="2 + 2 =", max_tokens=4)
+        assert out.usage.completion_tokens >= 1
