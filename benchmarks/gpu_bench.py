@@ -190,7 +190,7 @@ def redrafter_cost(model: Transformer, decode_step_s: float) -> dict:
             "graph_fraction_of_decode_step": graph_ms / 1e3 / decode_step_s}  # fmt: skip
 
 
-def _ms_per_call(fn) -> float:  # noqa: ANN001
+def _ms_per_call(fn) -> float:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -199,6 +199,31 @@ def _ms_per_call(fn) -> float:  # noqa: ANN001
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) * 100
+
+
+def graph_step_ms(engine: LLMEngine, batch: int) -> float:
+    """Milliseconds of one replay of the captured decode step (no host work around it)."""
+    graph = engine.runner.graphs.graphs[(batch, 1)][0]
+    return _ms_per_call(graph.replay)
+
+
+def profile_step(engine: LLMEngine) -> list:
+    """Kernel times of one un-graphed batch-1 decode step: [name, launches, total us]."""
+    from torch.profiler import ProfilerActivity, profile
+
+    forward = engine.runner.graphs.forward
+    inp = engine.runner.graphs.graphs[(1, 1)][1]
+    forward(inp)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        forward(inp)
+        torch.cuda.synchronize()
+    rows = [
+        [e.key[:70], e.count, round(e.device_time_total, 1)]
+        for e in prof.key_averages()
+        if e.device_time_total > 0
+    ]
+    return sorted(rows, key=lambda r: -r[2])[:12]
 
 
 @torch.inference_mode()
@@ -227,6 +252,8 @@ def bench_shape(shape: str, copy_bw: float) -> dict:
     for n in (8, 64):
         res[f"engine_{n}_concurrent"] = engine_tok_s(engine, n, 192, vocab)
     res["concurrent64_over_b1"] = res["engine_64_concurrent"]["steady_tok_s"] / b1
+    res["graph_replay_ms"] = {b: graph_step_ms(engine, b) for b in (1, 8, 64)}
+    res["profile_b1_kernels_us"] = profile_step(engine)
     res["speculative"] = speculation(engine, vocab)
     res["redrafter"] = redrafter_cost(model, 1 / b1)
     return res

@@ -27,7 +27,10 @@ class Layer(torch.nn.Module):
         self.wo = a.o_proj.weight.detach()
         self.w13 = torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach()
         self.w2 = m.down_proj.weight.detach()
-        self.n1, self.n2 = hf.input_layernorm.weight.detach(), hf.post_attention_layernorm.weight.detach()
+        self.n1, self.n2 = (
+            hf.input_layernorm.weight.detach(),
+            hf.post_attention_layernorm.weight.detach(),
+        )
         self.h, self.kvh, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.eps = cfg.rms_norm_eps
         shape = (batch, self.kvh, max_len, self.d)
@@ -48,7 +51,9 @@ class Layer(torch.nn.Module):
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         self.k_cache.index_copy_(2, pos, k)
         self.v_cache.index_copy_(2, pos, v)
-        o = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            q, self.k_cache, self.v_cache, attn_mask=mask, enable_gqa=True
+        )
         x = x + F.linear(o.transpose(1, 2).reshape(b, t, -1), self.wo)
         gu = F.linear(self.norm(x, self.n2), self.w13)
         g, u = gu.chunk(2, -1)
@@ -67,7 +72,7 @@ class Model(torch.nn.Module):
         self.embed = hf.model.embed_tokens.weight.detach()
         self.head = hf.lm_head.weight.detach()
         self.norm_w = hf.model.norm.weight.detach()
-        self.layers = torch.nn.ModuleList(Layer(l, cfg, batch, max_len) for l in hf.model.layers)
+        self.layers = torch.nn.ModuleList(Layer(hl, cfg, batch, max_len) for hl in hf.model.layers)
         inv = hf.model.rotary_emb.inv_freq.float()
         t = torch.arange(max_len, device="cuda", dtype=torch.float32)
         f = torch.outer(t, inv) * hf.model.rotary_emb.attention_scaling
@@ -115,11 +120,15 @@ def time_decode(model, batch: int, steps: int = 64) -> float:
 
 def gemv_floor(model, batch: int) -> float:
     """Milliseconds of the matrix products alone (one decode step's weights), graphed."""
-    ws = [w for l in model.layers for w in (l.wqkv, l.wo, l.w13, l.w2)] + [model.head]
-    xs = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=torch.bfloat16, device="cuda") for w in ws}
+    ws = [w for ly in model.layers for w in (ly.wqkv, ly.wo, ly.w13, ly.w2)] + [model.head]
+    xs = {
+        w.shape[1]: torch.randn(batch, w.shape[1], dtype=torch.bfloat16, device="cuda") for w in ws
+    }
+
     def fn():
         for w in ws:
             F.linear(xs[w.shape[1]], w)
+
     fn()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):

@@ -87,6 +87,24 @@ def test_greedy_equals_eager(runners):
     assert greedy(fast, prompt, 40, slot=1) == greedy(eager, prompt, 40, slot=1)
 
 
+def test_engine_generate_equals_eager(runners):
+    """Whole engine, continuous batching of three requests, decode steps from host values."""
+    from mathagent.serving.engine.config import SamplingParams
+    from mathagent.serving.engine.llm_engine import LLMEngine
+    from mathagent.serving.engine.loader import LoadedModel
+
+    eager, fast = runners
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 2048, (n,), generator=gen).tolist() for n in (5, 19, 11)]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    outputs = []
+    for runner in (eager, fast):
+        loaded = LoadedModel(runner.model, None, "random", None, ())
+        engine = LLMEngine(runner.config, model_dir=None, loaded=loaded)
+        outputs.append([r.token_ids for r in engine.generate(prompts, params)])
+    assert outputs[1] == outputs[0]
+
+
 def test_batched_rows_equal_eager(runners):
     """Three rows (padded to a bucket of 4) at different lengths, slots out of order."""
     eager, fast = runners
@@ -142,7 +160,7 @@ def test_speculative_verify_equals_plain(runners):
     out = [plain[0]]
     while len(out) < len(plain):
         i = len(out) - 1
-        draft = (plain[i + 1 : i + 4] + [0, 0, 0])[:3]
+        draft = [*plain[i + 1 : i + 4], 0, 0, 0][:3]
         draft[len(out) % 3] = (draft[len(out) % 3] + 1) % 2048
         tokens = torch.tensor([[out[-1], *draft]], device="cuda")
         pos = (len(prompt) + i + torch.arange(4, device="cuda"))[None]

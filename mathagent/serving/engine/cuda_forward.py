@@ -23,28 +23,41 @@ from mathagent.serving.engine.model import Transformer
 
 @dataclass
 class StepInputs:
-    """Static input buffers of one captured step shape ``[B, T]``."""
+    """Static input buffers of one captured step shape ``[B, T]``.
 
+    The integer inputs are views of one device buffer ``packed`` with a pinned host twin
+    ``host``, so a decode step sends all of them in a single copy.
+    """
+
+    packed: torch.Tensor  # [4 * B * T + 2 * B] int64, the fields below in this order
+    host: torch.Tensor  # pinned CPU twin of ``packed``
     tokens: torch.Tensor  # [B, T] int64
     positions: torch.Tensor  # [B, T] int64 rope positions
+    write: torch.Tensor  # [B, T] int64 cache position of each new token's K/V
+    write_slot: torch.Tensor  # [B, T] int64 its slot (padding goes to a scratch slot)
     slots: torch.Tensor  # [B] int64 cache slot per row
     start: torch.Tensor  # [B] int64 where row b's T new tokens are cached (consecutively)
     tree: torch.Tensor  # [B, T, T] int8 which new tokens each new token sees
-    write: torch.Tensor  # [B, T] int64 cache position of each new token's K/V
-    write_slot: torch.Tensor  # [B, T] int64 its slot (padding goes to a scratch slot)
 
     @classmethod
     def allocate(cls, batch: int, width: int, device: torch.device) -> StepInputs:
-        """Zeroed buffers; ``tree`` starts causal."""
+        """Zeroed buffers; ``tree`` starts causal, ``write`` at ``0 .. T-1``."""
+        bt = batch * width
+        packed = torch.zeros(4 * bt + 2 * batch, dtype=torch.long, device=device)
+        grids = packed[: 4 * bt].view(4, batch, width)
+        grids[2].copy_(torch.arange(width, device=device).expand(batch, width))
         causal = torch.tril(torch.ones(width, width, dtype=torch.int8, device=device))
+        host = torch.zeros_like(packed, device="cpu")
         return cls(
-            tokens=torch.zeros(batch, width, dtype=torch.long, device=device),
-            positions=torch.zeros(batch, width, dtype=torch.long, device=device),
-            slots=torch.zeros(batch, dtype=torch.long, device=device),
-            start=torch.zeros(batch, dtype=torch.long, device=device),
+            packed=packed,
+            host=host.pin_memory() if packed.is_cuda else host,
+            tokens=grids[0],
+            positions=grids[1],
+            write=grids[2],
+            write_slot=grids[3],
+            slots=packed[4 * bt : 4 * bt + batch],
+            start=packed[4 * bt + batch :],
             tree=causal.expand(batch, width, width).contiguous(),
-            write=torch.arange(width, device=device).expand(batch, width).contiguous(),
-            write_slot=torch.zeros(batch, width, dtype=torch.long, device=device),
         )
 
 
@@ -179,5 +192,7 @@ class CudaForward:
         sin = self.sin[inp.positions][:, :, None]
         delta = None
         for i, weights in enumerate(self.weights):
-            h, delta = self.layer(self.shape, weights, h, delta, self.k[i], self.v[i], cos, sin, inp)
+            h, delta = self.layer(
+                self.shape, weights, h, delta, self.k[i], self.v[i], cos, sin, inp
+            )
         return self.head(h, delta)

@@ -105,6 +105,32 @@ class CudaGraphRunner:
         graph.replay()
         return logits[:rows, :width], hidden[:rows, :width]
 
+    @torch.inference_mode()
+    def run_decode(
+        self, tokens: list[int], positions: list[int], slots: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A one-token-per-row step from host values: one host-to-device copy, one replay."""
+        rows = len(tokens)
+        key = (self.bucket(rows), 1)
+        if key not in self.graphs:
+            self.capture(*key)
+        graph, inp, (logits, hidden) = self.graphs[key]
+        batch, pad = key[0], key[0] - rows
+        host = inp.host.numpy().reshape(-1)
+        scratch = [self.scratch_slot] * pad
+        zeros = [0] * pad
+        # Layout of ``packed``: tokens, positions, write, write_slot, slots, start ([B] each).
+        columns = (tokens + zeros, positions + zeros, positions + zeros, slots + scratch,
+                   slots + scratch, positions + zeros)  # fmt: skip
+        for i, column in enumerate(columns):
+            host[i * batch : (i + 1) * batch] = column
+        # The previous step's result was read on the host, so the last copy has finished.
+        inp.packed.copy_(inp.host, non_blocking=True)
+        self._set_tree(key, rows, 1, None, None)
+        self.padded.pop(key, None)
+        graph.replay()
+        return logits[:rows], hidden[:rows]
+
     def width_bucket(self, width: int) -> int:
         """The captured tokens-per-row that serves ``width``."""
         return next(w for w in WIDTH_BUCKETS if w >= width)
@@ -123,7 +149,7 @@ class CudaGraphRunner:
         rows: int,
         width: int,
         attn_mask: torch.Tensor | None,
-        write_positions: torch.Tensor,
+        write_positions: torch.Tensor | None,
     ) -> None:
         """Fill the new tokens' mask: causal by default, else read off ``attn_mask``."""
         tree = self.graphs[key][1].tree
@@ -135,6 +161,7 @@ class CudaGraphRunner:
             self.causal[key] = width
             return
         self.causal.pop(key, None)
+        assert write_positions is not None
         cols = write_positions[:, None, :].expand(rows, width, width)
         tree.zero_()
         tree[:rows, :width, :width] = attn_mask.gather(2, cols)

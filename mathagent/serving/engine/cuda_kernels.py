@@ -25,6 +25,7 @@ try:
 except ImportError:  # CPU-only installs have no Triton; the CUDA path is then unavailable
     triton = None
 
+
 def available() -> bool:
     """True when Triton and a CUDA device are present."""
     return triton is not None and torch.cuda.is_available()
@@ -163,12 +164,19 @@ if triton is not None:
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             c_old, c_new = tl.exp2(m_run - m_safe), tl.exp2(m - m_safe)
             l_run = l_run * c_old + tl.load(l_ptr + ws) * c_new
-            acc = acc * c_old[:, None] + tl.load(acc_ptr + ws[:, None] * D + d[None, :]) * c_new[:, None]
+            acc = (
+                acc * c_old[:, None]
+                + tl.load(acc_ptr + ws[:, None] * D + d[None, :]) * c_new[:, None]
+            )
             m_run = m_new
         out = acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]
         t, g = r // G, r % G
         o_off = b * stride_ob + t[:, None] * stride_ot + (kvh * G + g)[:, None] * stride_oh
-        tl.store(out_ptr + o_off + d[None, :], out.to(out_ptr.dtype.element_ty), mask=(r < T * G)[:, None])
+        tl.store(
+            out_ptr + o_off + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=(r < T * G)[:, None],
+        )
 
 
 @torch.library.custom_op("mathagent::gemv", mutates_args=())
@@ -197,7 +205,7 @@ def gemv(
 
 
 @gemv.register_fake
-def _(x, weight, norm=None, residual=None, eps=1e-6, silu_mul=False):  # noqa: ANN001, ANN202
+def _(x, weight, norm=None, residual=None, eps=1e-6, silu_mul=False):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 

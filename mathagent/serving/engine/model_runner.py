@@ -111,9 +111,16 @@ class ModelRunner:
 
     def decode(self, seqs: list[Sequence]) -> list[int]:
         """One token for each running sequence, in a single batched forward."""
+        slots = [s.slot for s in seqs if s.slot is not None]
+        if self.graphs is not None and self.graphs.accepts(len(seqs), 1):
+            positions = [s.num_cached for s in seqs]
+            tokens = [s.last_token for s in seqs]
+            logits, _ = self.graphs.run_decode(tokens, positions, slots)
+            for s in seqs:
+                s.num_cached += 1
+            return self.sample(logits[:, -1], seqs)
         tokens = torch.tensor([[s.last_token] for s in seqs], device=self.device)  # [B, 1]
         positions = torch.tensor([[s.num_cached] for s in seqs], device=self.device)  # [B, 1]
-        slots = [s.slot for s in seqs if s.slot is not None]
         logits, _ = self.forward(tokens, positions, slots)
         for s in seqs:
             s.num_cached += 1
