@@ -170,3 +170,23 @@ def test_speculative_verify_equals_plain(runners):
             taken += 1
         out += target[: taken + 1]
     assert out[: len(plain)] == plain
+
+
+def test_unsupported_layouts_fall_back_to_eager(runners):
+    """Masks that hide cached positions, or scattered writes, run eagerly and stay exact."""
+    eager, fast = runners
+    prompt = torch.randint(0, 2048, (24,), generator=torch.Generator().manual_seed(6)).tolist()
+    n = len(prompt)
+    mask = torch.ones(1, 2, n + 2, dtype=torch.bool, device="cuda")
+    mask[0, :, 3] = False  # a cached position hidden from the new tokens
+    mask[0, 0, n + 1] = False
+    write = torch.tensor([[n, n + 1]], device="cuda")
+    scattered = torch.tensor([[n, n + 2]], device="cuda")
+    assert not fast.graphs.fits(write, write, mask)
+    assert not fast.graphs.fits(scattered, scattered, None)
+    results = []
+    for runner in (eager, fast):
+        greedy(runner, prompt, 1, slot=3)
+        tokens = torch.tensor([[9, 10]], device="cuda")
+        results.append(runner.forward(tokens, write, [3], attn_mask=mask, write_positions=write)[0])
+    assert rel(results[1], results[0]) < 1e-5

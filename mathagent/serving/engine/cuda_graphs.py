@@ -50,6 +50,22 @@ class CudaGraphRunner:
         """Whether a step of this shape runs here (else the caller runs it eagerly)."""
         return batch <= self.max_batch and width <= MAX_WIDTH
 
+    @staticmethod
+    def fits(positions: torch.Tensor, write: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+        """Whether explicit write positions / masks have the layout the graphs assume.
+
+        Each row's K/V must go to consecutive positions, every cached position before them
+        must be visible (``attn_mask``), and without a mask the writes must be the rope
+        positions (causal by position). One host sync; plain decode and verify skip it.
+        """
+        ok = (write[:, 1:] - write[:, :-1] == 1).all()
+        if attn_mask is None:
+            ok &= (write == positions).all()
+        else:
+            before = torch.arange(attn_mask.shape[-1], device=write.device) < write[:, :1]
+            ok &= (attn_mask | ~before[:, None, :]).all()  # [B, T, kv_len]
+        return bool(ok)
+
     def bucket(self, batch: int) -> int:
         """The captured batch size that serves ``batch`` rows."""
         fits = [b for b in BATCH_BUCKETS if b >= batch]

@@ -71,7 +71,14 @@ class ModelRunner:
         Returns ``(logits [B, T or 1, V] float32, hidden [B, T or 1, H])``.
         """
         write = positions if write_positions is None else write_positions
-        if self.graphs is not None and self.graphs.accepts(*tokens.shape):
+        if (
+            self.graphs is not None
+            and self.graphs.accepts(*tokens.shape)
+            and (
+                (attn_mask is None and write_positions is None)
+                or self.graphs.fits(positions, write, attn_mask)
+            )
+        ):
             slot_ids = torch.tensor(slots, device=self.device)
             logits, hidden = self.graphs.run(tokens, positions, slot_ids, write, attn_mask)
             if logits_last_only:
