@@ -119,7 +119,9 @@ class CudaGraphRunner:
             self._pad(inp, rows, width)
             self.padded[key] = (rows, width)
         graph.replay()
-        return logits[:rows, :width], hidden[:rows, :width]
+        # Hidden states may be kept across steps (ReDrafter drafts from them): copy them out of
+        # the graph's memory; logits are read before the next step.
+        return logits[:rows, :width], hidden[:rows, :width].clone()
 
     @torch.inference_mode()
     def run_decode(
