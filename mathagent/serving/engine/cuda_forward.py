@@ -25,12 +25,14 @@ from mathagent.serving.engine.model import Transformer
 class StepInputs:
     """Static input buffers of one captured step shape ``[B, T]``.
 
-    The integer inputs are views of one device buffer ``packed`` with a pinned host twin
-    ``host``, so a decode step sends all of them in a single copy.
+    The integer inputs are views of one device buffer ``packed``; a decode step fills one of
+    two pinned host twins (``host``) and sends it in a single copy. ``host_done[i]`` marks
+    when twin ``i``'s last copy has run, so the host never overwrites a pending copy.
     """
 
     packed: torch.Tensor  # [4 * B * T + 2 * B] int64, the fields below in this order
-    host: torch.Tensor  # pinned CPU twin of ``packed``
+    host: torch.Tensor  # [2, len(packed)] pinned CPU staging buffers
+    host_done: list  # [2] torch.cuda.Event | None
     tokens: torch.Tensor  # [B, T] int64
     positions: torch.Tensor  # [B, T] int64 rope positions
     write: torch.Tensor  # [B, T] int64 cache position of each new token's K/V
@@ -47,10 +49,11 @@ class StepInputs:
         grids = packed[: 4 * bt].view(4, batch, width)
         grids[2].copy_(torch.arange(width, device=device).expand(batch, width))
         causal = torch.tril(torch.ones(width, width, dtype=torch.int8, device=device))
-        host = torch.zeros_like(packed, device="cpu")
+        host = torch.zeros(2, packed.numel(), dtype=torch.long)
         return cls(
             packed=packed,
             host=host.pin_memory() if packed.is_cuda else host,
+            host_done=[None, None],
             tokens=grids[0],
             positions=grids[1],
             write=grids[2],

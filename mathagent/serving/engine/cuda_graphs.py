@@ -41,6 +41,7 @@ class CudaGraphRunner:
         self.device = cos.device
         self.max_batch = max_batch
         self.scratch_slot = scratch_slot
+        self.max_seq = cache.k.shape[3]  # [L, S, Hkv, max_seq, D]
         self.pool = torch.cuda.graph_pool_handle()
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, StepInputs, tuple]] = {}
         self.causal: dict[tuple[int, int], int] = {}  # shape -> width its tree holds causal
@@ -128,26 +129,45 @@ class CudaGraphRunner:
         self, tokens: list[int], positions: list[int], slots: list[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A one-token-per-row step from host values: one host-to-device copy, one replay."""
-        rows = len(tokens)
+        logits, hidden = self.launch_decode(tokens, positions, slots)
+        return logits, hidden
+
+    def launch_decode(
+        self, tokens: list[int] | torch.Tensor, positions: list[int], slots: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Enqueue a one-token-per-row step; ``tokens`` from the host or a device tensor [B]."""
+        rows = len(positions)
         key = (self.bucket(rows), 1)
         if key not in self.graphs:
             self.capture(*key)
         graph, inp, (logits, hidden) = self.graphs[key]
         batch, pad = key[0], key[0] - rows
-        host = inp.host.numpy().reshape(-1)
-        scratch = [self.scratch_slot] * pad
-        zeros = [0] * pad
+        twin = self._host_twin(inp)
+        host = inp.host[twin].numpy()
+        scratch, zeros = [self.scratch_slot] * pad, [0] * pad
+        host_tokens = tokens if isinstance(tokens, list) else [0] * rows
         # Layout of ``packed``: tokens, positions, write, write_slot, slots, start ([B] each).
-        columns = (tokens + zeros, positions + zeros, positions + zeros, slots + scratch,
+        columns = (host_tokens + zeros, positions + zeros, positions + zeros, slots + scratch,
                    slots + scratch, positions + zeros)  # fmt: skip
         for i, column in enumerate(columns):
             host[i * batch : (i + 1) * batch] = column
-        # The previous step's result was read on the host, so the last copy has finished.
-        inp.packed.copy_(inp.host, non_blocking=True)
+        inp.packed.copy_(inp.host[twin], non_blocking=True)
+        inp.host_done[twin] = torch.cuda.Event()
+        inp.host_done[twin].record()
+        if isinstance(tokens, torch.Tensor):
+            inp.tokens[:rows, 0].copy_(tokens)
         self._set_tree(key, rows, 1, None, None)
         self.padded.pop(key, None)
         graph.replay()
         return logits[:rows], hidden[:rows]
+
+    @staticmethod
+    def _host_twin(inp: StepInputs) -> int:
+        """A pinned staging buffer whose previous copy to the device has run."""
+        twin = 0 if inp.host_done[0] is None or inp.host_done[0].query() else 1
+        if inp.host_done[twin] is not None:
+            inp.host_done[twin].synchronize()
+        return twin
 
     def width_bucket(self, width: int) -> int:
         """The captured tokens-per-row that serves ``width``."""

@@ -13,6 +13,7 @@ from mathagent.serving.engine import cuda_kernels
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.cuda_graphs import CudaGraphRunner
 from mathagent.serving.engine.kv_cache import KVCache
+from mathagent.serving.engine.lookahead import GreedyLookahead
 from mathagent.serving.engine.model import ForwardContext, Transformer, rope_table
 from mathagent.serving.engine.sampler import Sampler, SamplingBatch
 from mathagent.serving.engine.sequence import Sequence
@@ -51,6 +52,7 @@ class ModelRunner:
             if use_graphs
             else None
         )
+        self.lookahead = GreedyLookahead(self.graphs) if self.graphs is not None else None
         compiled = not config.eager and not use_graphs
         self._model = torch.compile(model, dynamic=True) if compiled else model
 
@@ -71,6 +73,8 @@ class ModelRunner:
         Returns ``(logits [B, T or 1, V] float32, hidden [B, T or 1, H])``.
         """
         write = positions if write_positions is None else write_positions
+        if self.lookahead is not None:
+            self.lookahead.drop()  # this step changes what a step in flight would have read
         if (
             self.graphs is not None
             and self.graphs.accepts(*tokens.shape)
@@ -120,17 +124,26 @@ class ModelRunner:
         """One token for each running sequence, in a single batched forward."""
         slots = [s.slot for s in seqs if s.slot is not None]
         if self.graphs is not None and self.graphs.accepts(len(seqs), 1):
-            positions = [s.num_cached for s in seqs]
-            tokens = [s.last_token for s in seqs]
-            logits, _ = self.graphs.run_decode(tokens, positions, slots)
+            out = self._decode_graphs(seqs, slots)
             for s in seqs:
                 s.num_cached += 1
-            return self.sample(logits[:, -1], seqs)
+            return out
         tokens = torch.tensor([[s.last_token] for s in seqs], device=self.device)  # [B, 1]
         positions = torch.tensor([[s.num_cached] for s in seqs], device=self.device)  # [B, 1]
         logits, _ = self.forward(tokens, positions, slots)
         for s in seqs:
             s.num_cached += 1
+        return self.sample(logits[:, -1], seqs)
+
+    def _decode_graphs(self, seqs: list[Sequence], slots: list[int]) -> list[int]:
+        """Decode through the CUDA graphs from host values; greedy rows keep a step in flight."""
+        assert self.graphs is not None and self.lookahead is not None
+        positions = [s.num_cached for s in seqs]
+        tokens = [s.last_token for s in seqs]
+        if all(s.params.greedy for s in seqs):
+            return self.lookahead.decode(tokens, positions, slots)
+        self.lookahead.drop()
+        logits, _ = self.graphs.run_decode(tokens, positions, slots)
         return self.sample(logits[:, -1], seqs)
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
