@@ -74,8 +74,8 @@ class LoadedModel:
 
 def _supported() -> str:
     return (
-        "a Hugging Face folder (config.json + *.safetensors + tokenizer), a .gguf file, or "
-        f"random:<{'|'.join(RANDOM_SHAPES)}>; architectures: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        "supported models: a Hugging Face folder (config.json + *.safetensors + tokenizer), a .gguf file, or "
+        f"random:<{'|'.join(RANDOM_SHAPES)}>; supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}"
     )
 
 
@@ -100,7 +100,7 @@ def resolve_folder(spec: str | None, model_dir: Path) -> tuple[Path, str]:
     if path.is_file() and path.suffix == ".gguf":
         name = DEFAULT_MODEL_NAME if path.name == DEFAULT_GGUF_NAME else gguf_model_name(path)
         return convert_gguf(path, model_dir), name
-    raise ModelLoadError(f"cannot load model {spec!r}: expected {_supported()}")
+    raise ModelLoadError(f"cannot load model {spec!r}; {_supported()}")
 
 
 def gguf_model_name(path: Path) -> str:
@@ -184,7 +184,7 @@ def _read_state_dict(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor
     pieces: dict[str, dict[int, torch.Tensor]] = {}
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ModelLoadError(f"{folder} holds no *.safetensors weights; expected {_supported()}")
+        raise ModelLoadError(f"{folder} holds no *.safetensors weights; {_supported()}")
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
@@ -229,7 +229,7 @@ def load_hf_folder(
 
 def _load_random(shape: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     if shape not in RANDOM_SHAPES:
-        raise ModelLoadError(f"unknown random shape {shape!r}; expected {_supported()}")
+        raise ModelLoadError(f"unknown random shape {shape!r}; {_supported()}")
     args = ModelArgs.from_hf_config(RANDOM_SHAPES[shape])
     with torch.device("meta"):
         model = Transformer(args)

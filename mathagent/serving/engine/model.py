@@ -160,7 +160,12 @@ class Attention(nn.Module):
         v = v.view(bsz, seqlen, self.n_kv, self.head_dim).transpose(1, 2)
         keys, values = ctx.cache.update(self.layer, ctx, k, v)  # [B, Hkv, S, D]
         out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=ctx.attn_mask, enable_gqa=self.n_kv != self.n_heads
+            q,
+            keys,
+            values,
+            attn_mask=ctx.attn_mask,
+            is_causal=ctx.is_causal,
+            enable_gqa=self.n_kv != self.n_heads,
         )
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, q_size))
 
@@ -202,7 +207,8 @@ class ForwardContext:
     slots: torch.Tensor  # [B] int64 cache slot per row
     write_positions: torch.Tensor  # [B, T] int64 where each new token's K/V goes
     kv_len: int  # attend over cache positions [0, kv_len)
-    attn_mask: torch.Tensor  # [B, 1, T, kv_len] bool, True = attend
+    attn_mask: torch.Tensor | None  # [B, 1, T, kv_len] bool, True = attend; None = all
+    is_causal: bool  # no mask tensor: plain causal attention from position 0
     cos: torch.Tensor  # [B, 1, T, D]
     sin: torch.Tensor  # [B, 1, T, D]
     slot_start: int | None = None  # rows are the contiguous slots [start, start+B): use views

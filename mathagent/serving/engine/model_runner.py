@@ -90,14 +90,14 @@ class ModelRunner:
             return logits, hidden
         kv_len = int(write.max()) + 1 if attn_mask is None else attn_mask.shape[-1]
         bsz = tokens.shape[0]
-        if attn_mask is None:
-            attn_mask = self.kv_positions[:kv_len] <= positions[:, :, None]  # [B, T, kv_len]
+        mask, causal = self._mask(positions, kv_len, attn_mask)
         ctx = ForwardContext(
             cache=self.cache,
             slots=torch.tensor(slots, device=self.device),
             write_positions=write,
             kv_len=kv_len,
-            attn_mask=attn_mask[:, None],  # [B, 1, T, kv_len]
+            attn_mask=mask,
+            is_causal=causal,
             cos=self.cos[positions][:, None],  # [B, 1, T, D]
             sin=self.sin[positions][:, None],
             slot_start=slots[0] if slots == list(range(slots[0], slots[0] + bsz)) else None,
@@ -106,6 +106,21 @@ class ModelRunner:
         if logits_last_only:
             hidden = hidden[:, -1:]
         return self.model.logits(hidden), hidden
+
+    def _mask(
+        self, positions: torch.Tensor, kv_len: int, attn_mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, bool]:
+        """The attention mask ``[B, 1, T, kv_len]``, or None when SDPA needs none."""
+        if attn_mask is not None:
+            return attn_mask[:, None], False
+        seqlen = positions.shape[1]
+        # Common cases without a mask tensor: decode where every row sees its whole cache,
+        # and a prefill from position 0 (plain causal).
+        if seqlen == 1 and bool((positions == kv_len - 1).all()):
+            return None, False
+        if seqlen == kv_len and positions.shape[0] == 1:
+            return None, True
+        return (self.kv_positions[:kv_len] <= positions[:, :, None])[:, None], False
 
     def prefill(self, seq: Sequence) -> int | None:
         """Cache the next chunk of ``seq``'s prompt; return the first token when it completes."""
@@ -148,9 +163,8 @@ class ModelRunner:
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """Sample one token per row of ``logits [B, V]`` with each sequence's parameters."""
-        if all(s.params.greedy for s in seqs):  # skip building per-row tensors on the host
-            with torch.inference_mode():
-                return logits.argmax(dim=-1).tolist()
+        if all(s.params.greedy for s in seqs):
+            return logits.argmax(dim=-1).tolist()
         batch = SamplingBatch.build(
             [s.params for s in seqs], [s.generator for s in seqs], self.device
         )

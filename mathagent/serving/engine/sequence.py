@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -85,9 +86,8 @@ class Sequence:
         self.generator: torch.Generator | None = None
         if not params.greedy:
             self.generator = torch.Generator()
-            self.generator.manual_seed(
-                params.seed if params.seed is not None else torch.seed() % (2**63)
-            )
+            seed = params.seed if params.seed is not None else secrets.randbits(63)
+            self.generator.manual_seed(seed)
         self._emitted_tokens = 0
 
     @property
