@@ -7,9 +7,11 @@ does the work. Imports of the heavy parts happen inside the commands so ``--help
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, aclosing, asynccontextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -74,7 +76,32 @@ def solve(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Solve one problem; the last line of plain output is the final answer."""
-    raise _not_yet("solve")
+    import asyncio
+
+    from mathagent.agent.solver import SolveOptions
+
+    if not problem.strip():
+        raise _fail("the problem is empty", code=2)
+    settings = Settings()
+    settings.base_url = base_url or settings.base_url
+    settings.model = model or settings.model
+    options = SolveOptions(
+        tools=not no_tools,
+        samples=samples,
+        max_tool_calls=max_tool_calls,
+        temperature=temperature,
+        max_tokens=max_tokens,
+    )
+    try:
+        result = asyncio.run(_solve(settings, problem, options, show=not as_json))
+    except _AGENT_ERRORS as exc:
+        raise _fail(str(exc)) from exc
+    if as_json:
+        _print_json(result.model_dump(mode="json"))
+    elif result.answer is None:
+        raise _fail(result.error or "no final answer was found")
+    else:
+        typer.echo(result.answer)
 
 
 @app.command()
@@ -83,7 +110,14 @@ def api(
     host: Annotated[str | None, typer.Option(help="Bind address (default loopback).")] = None,
 ) -> None:
     """Serve the /solve HTTP API."""
-    raise _not_yet("api")
+    import asyncio
+
+    settings = Settings()
+    settings.host = host or settings.host
+    try:
+        asyncio.run(_serve_api(settings, port))
+    except _AGENT_ERRORS as exc:
+        raise _fail(str(exc)) from exc
 
 
 @app.command()
@@ -158,8 +192,17 @@ def generate(
             "tokens": len(result.token_ids),
             "tokens_per_s": round(len(result.token_ids) / elapsed, 3) if elapsed > 0 else 0.0,
             "acceptance_length": round(m.acceptance_length, 3),
+            **_speculative_fields(m.speculative),
         }
     )
+
+
+def _speculative_fields(stats: dict | None) -> dict:
+    """accepted/drafted and per-position acceptance of a speculative run (empty otherwise)."""
+    if stats is None:
+        return {}
+    keys = ("drafted_tokens", "accepted_tokens", "acceptance_rate", "per_position_acceptance")
+    return {k: stats[k] for k in keys}
 
 
 @sandbox_app.command("build")
@@ -167,7 +210,17 @@ def sandbox_build(
     force: Annotated[bool, typer.Option("--force", help="Rebuild even if up to date.")] = False,
 ) -> None:
     """Build the sandbox image (offline, from Debian packages)."""
-    raise _not_yet("sandbox build")
+    import docker
+
+    from mathagent.sandbox.image import ImageBuildError, build_image
+
+    settings = Settings()
+    try:
+        done = build_image(settings.sandbox, force=force)
+    except (ImageBuildError, docker.errors.DockerException) as exc:
+        raise _fail(str(exc)) from exc
+    state = "built" if done.built else "up to date"
+    typer.echo(f"{done.image}: {state} in {done.seconds:.1f} s")
 
 
 @sandbox_app.command("serve")
@@ -176,7 +229,13 @@ def sandbox_serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default loopback).")] = None,
 ) -> None:
     """Serve the sandbox HTTP API."""
-    raise _not_yet("sandbox serve")
+    import uvicorn
+
+    from mathagent.sandbox.service import create_app
+
+    settings = Settings()
+    app = create_app(settings.sandbox)
+    uvicorn.run(app, host=host or settings.host, port=port, log_level="warning")
 
 
 @app.command("eval")
@@ -222,9 +281,130 @@ def train_drafter(
     out: Annotated[Path, typer.Option(help="Output folder for the drafter.")],
     draft_len: Annotated[int, typer.Option(min=1, help="Draft tokens per beam.")] = 3,
     layers: Annotated[int, typer.Option(min=1, help="Residual layers in the drafter.")] = 2,
+    self_distill: Annotated[
+        Path | None,
+        typer.Option(help="JSONL of prompts/problems: first write --data from the base itself."),
+    ] = None,
+    distill_tokens: Annotated[int, typer.Option(min=1, help="Tokens per self-distilled text.")] = 256,
+    distill_skip: Annotated[int, typer.Option(min=0, help="Skip the first K records.")] = 0,
+    distill_limit: Annotated[int | None, typer.Option(min=1, help="Use at most K records.")] = None,
+    distill_budget_s: Annotated[
+        float | None, typer.Option(min=1.0, help="Stop generating after this many seconds.")
+    ] = None,
+    epochs: Annotated[int, typer.Option(min=1, help="Passes over the training text.")] = 3,
+    lr: Annotated[float, typer.Option(min=0.0, help="Peak learning rate.")] = 3e-3,
+    exit_dim: Annotated[
+        int | None, typer.Option(min=1, help="Own vocab head of this width (default: tied).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON.")] = False,
 ) -> None:
     """Train a ReDrafter head on a frozen base model."""
-    raise _not_yet("train-drafter")
+    import logging
+
+    from mathagent.serving.engine import train_drafter as td
+    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.llm_engine import LLMEngine
+    from mathagent.serving.engine.loader import ModelLoadError
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    settings = Settings()
+    model = None if base == "default" else base
+    try:
+        engine = LLMEngine(EngineConfig.from_settings(settings.engine, model), settings.model_dir)
+    except (ModelLoadError, OSError) as exc:
+        raise _fail(str(exc)) from exc
+    if engine.tokenizer is None:
+        raise _fail(f"{base} has no tokenizer; train-drafter reads text")
+    if self_distill is not None:
+        records = [json.loads(x) for x in self_distill.read_text().splitlines() if x.strip()]
+        records = records[distill_skip:][:distill_limit]
+        prompts = [_drafter_prompt(r, engine) for r in records]
+        td.self_distill(engine, prompts, data, distill_tokens, distill_budget_s)
+    if not data.is_file():
+        raise _fail(f"no training data at {data}")
+    cfg = td.TrainConfig(
+        draft_len=draft_len, layers=layers, exit_dim=exit_dim, epochs=epochs, lr=lr,
+        max_seq_len=engine.max_seq_len,
+    )  # fmt: skip
+    encode = lambda text: engine.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
+    examples = td.load_examples(data, encode, cfg.max_seq_len)
+    hidden = td.engine_hidden_fn(engine.runner)
+    emb = engine.runner.model.tok_embeddings.weight.detach()
+    metrics = td.train(hidden, emb, examples, cfg, out)
+    if as_json:
+        _print_json(metrics)
+    else:
+        for key, value in metrics.items():
+            typer.echo(f"{key}: {value}")
+
+
+def _drafter_prompt(record: dict, engine) -> str:
+    """A raw prompt, or a problem rendered as the agent would ask it (its template, tools on)."""
+    if "prompt" in record:
+        return record["prompt"]
+    from mathagent.agent.prompts import ChatTemplate, select_template
+
+    settings = Settings()
+    template = select_template(settings.agent.prompt_format, engine.model_name, tools=True)
+    messages = template.messages(record["problem"], settings.agent.max_tool_calls)
+    return ChatTemplate(engine.tokenizer).render(messages)
+
+
+# Setup failures of the agent's parts, reported as one clear line.
+_AGENT_ERRORS = (RuntimeError, OSError, ValueError)
+
+
+@asynccontextmanager
+async def _agent(settings: Settings, tools: bool) -> AsyncIterator[Any]:
+    """A Solver over the configured endpoint, or over the embedded engine started here."""
+    from mathagent.agent.llm import served_model
+    from mathagent.agent.solver import build_solver
+
+    async with AsyncExitStack() as stack:
+        base_url, model = settings.base_url, settings.model
+        if base_url is None:
+            from mathagent.serving.server import EmbeddedServer
+
+            server = stack.enter_context(EmbeddedServer(settings, model=settings.model))
+            base_url, model = server.base_url, server.model_name
+        elif model is None:
+            model = await served_model(base_url, settings.llm_api_key)
+        sandbox = None
+        if tools:
+            from mathagent.sandbox import open_sandbox
+
+            sandbox = await stack.enter_async_context(open_sandbox(settings))
+        yield build_solver(settings, base_url, model, sandbox)
+
+
+async def _solve(settings: Settings, problem: str, options: Any, show: bool) -> Any:
+    from rich.console import Console
+
+    from mathagent.agent.events import ResultEvent
+    from mathagent.agent.transcript import Transcript
+
+    transcript, result = Transcript(Console(highlight=False)), None
+    async with (
+        _agent(settings, options.tools) as solver,
+        aclosing(solver.stream(problem, options)) as events,
+    ):
+        async for event in events:
+            if show:
+                transcript.show(event)
+            if isinstance(event, ResultEvent):
+                result = event.result
+    return result
+
+
+async def _serve_api(settings: Settings, port: int) -> None:
+    import uvicorn
+
+    from mathagent.agent.api import create_app
+
+    async with _agent(settings, tools=True) as solver:
+        app = create_app(solver, settings)
+        config = uvicorn.Config(app, host=settings.host, port=port, log_level="info")
+        await uvicorn.Server(config).serve()
 
 
 def _print_json(obj: object) -> None:

@@ -31,6 +31,7 @@ class EngineSettings(BaseModel):
     max_seq_len: int = Field(4096, ge=64, description="context length per slot")
     speculative: str = Field("none", description="none | ngram | draft:PATH | redrafter:PATH")
     draft_len: int = Field(3, ge=1, le=16)
+    draft_beams: int = Field(4, ge=1, le=64, description="ReDrafter beams (greedy requests)")
     eager: bool = Field(True, description="skip torch.compile / CUDA graphs")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch default")
 
@@ -49,6 +50,11 @@ class SandboxSettings(BaseModel):
     timeout_s: float = Field(10.0, gt=0, description="default per-cell time limit")
     max_output_chars: int = Field(1000, ge=1, description="default output cap per stream")
     max_request_bytes: int = Field(1_000_000, ge=1024)
+    max_timeout_s: float = Field(300.0, gt=0, description="largest per-cell time limit accepted")
+    kill_grace_s: float = Field(1.0, gt=0, description="host deadline = timeout + this")
+    start_timeout_s: float = Field(60.0, gt=0, description="a container must be ready by then")
+    preload: str = Field("numpy,sympy", description="modules each worker imports while warm")
+    debian_mirror: str | None = Field(None, description="Debian mirror; unset = apt's own")
 
 
 class AgentSettings(BaseModel):
@@ -65,6 +71,20 @@ class AgentSettings(BaseModel):
     wall_time_s: float = Field(600.0, gt=0)
     request_timeout_s: float = Field(300.0, gt=0)
     retries: int = Field(3, ge=0)
+    backoff_s: float = Field(0.5, ge=0, description="first retry delay; doubles each retry")
+    seed: int | None = Field(None, description="sampling seed; sample i uses seed + i")
+    early_stop: int = Field(0, ge=0, description="cancel other samples once this many agree")
+    remaining_notice: bool = Field(False, description="'Remaining code executions' notices")
+    stop_on_answer: bool = Field(True, description="end a generation at its first \\boxed{}")
+    api_mode: Literal["auto", "completions", "chat"] = Field(
+        "auto", description="auto = completions when the chat template is found locally"
+    )
+    tokenizer: str | None = Field(
+        None, description="tokenizer folder, .gguf file or cached name for the chat template"
+    )
+    max_problem_chars: int = Field(20_000, ge=1, description="/solve rejects longer problems")
+    max_samples: int = Field(64, ge=1, description="/solve rejects more samples")
+    max_concurrency: int = Field(64, ge=1, description="/solve requests in flight, then 429")
 
 
 class Settings(BaseSettings):

@@ -37,7 +37,9 @@ class SampleResult(BaseModel):
     answer: str | None = None
     generation: str = Field("", description="the assistant text including code and output")
     tool_calls: list[ToolCall] = Field(default_factory=list)
-    finish_reason: str = Field("", description="answer | eos | length | tool_budget | time | error")
+    finish_reason: str = Field(
+        "", description="answer | eos | length | tool_budget | time | error | cancelled"
+    )
     num_generated_tokens: int = 0
     usage: Usage = Field(default_factory=Usage)
     timing: Timing = Field(default_factory=Timing)
@@ -52,3 +54,4 @@ class SolveResult(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list, description="all samples' calls")
     usage: Usage = Field(default_factory=Usage)
     timing: Timing = Field(default_factory=Timing)
+    error: str | None = Field(None, description="set when every sample failed, e.g. no endpoint")

@@ -10,7 +10,9 @@ from abc import ABC, abstractmethod
 from enum import StrEnum
 from types import TracebackType
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 
 
 class ExecStatus(StrEnum):
@@ -31,6 +33,18 @@ class ExecResult(BaseModel):
         False, description="the session's container was replaced: earlier variables are gone"
     )
     duration_s: float = 0.0
+    truncated: bool = Field(False, description="stdout or stderr was cut at max_output_chars")
+
+
+class ExecRequest(BaseModel):
+    """The ``POST /execute`` body; every backend validates its arguments with it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    code: StrictStr = Field(max_length=10_000_000)
+    session_id: StrictStr | None = Field(None, pattern=SESSION_ID_PATTERN)
+    timeout: StrictFloat | StrictInt = Field(10.0, gt=0, allow_inf_nan=False, description="seconds")
+    max_output_chars: StrictInt = Field(1000, ge=1, le=1_000_000)
 
 
 class Sandbox(ABC):

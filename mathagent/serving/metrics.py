@@ -6,6 +6,7 @@ import threading
 from bisect import bisect_left
 
 from mathagent.serving.engine.sequence import RequestOutput
+from mathagent.serving.engine.speculative import SpecStats
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -24,6 +25,7 @@ class ServerMetrics:
         self.decode_tokens = 0
         self.decode_seconds = 0.0
         self.target_forwards = 0
+        self.spec = SpecStats()  # drafted/accepted over finished speculative requests
         self.running = 0
 
     def observe(self, out: RequestOutput) -> None:
@@ -37,6 +39,8 @@ class ServerMetrics:
             self.prompt_tokens += m.prompt_tokens
             self.generation_tokens += m.generated_tokens
             self.target_forwards += m.target_forwards
+            if m.speculative is not None:
+                self.spec.merge(m.speculative)
             if m.ttft_s is not None:
                 self.ttft_counts[bisect_left(_TTFT_BUCKETS, m.ttft_s)] += 1
                 self.ttft_sum += m.ttft_s
@@ -68,6 +72,7 @@ class ServerMetrics:
                 "# HELP mathagent_acceptance_length Generated tokens per target forward.",
                 "# TYPE mathagent_acceptance_length gauge",
                 f"mathagent_acceptance_length{{{label}}} {self._acceptance():.3f}",
+                *self.spec.prometheus(label),
             ]
         return "\n".join(lines) + "\n"
 

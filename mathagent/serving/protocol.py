@@ -34,6 +34,7 @@ class _SamplingFields(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: Any = None
+    speculative: str | None = None  # extra: this request's method (none | ngram | draft:PATH | redrafter:PATH)
 
     @field_validator("n")
     @classmethod
@@ -62,6 +63,7 @@ class _SamplingFields(BaseModel):
             stop_token_ids=self.stop_token_ids or [],
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            speculative=self.speculative,
         )
 
 

@@ -130,6 +130,8 @@ def create_app(engine: LLMEngine) -> FastAPI:
                     "model": name, "choices": [choice]}  # fmt: skip
             if out is not None and out.finished:
                 resp["usage"] = _usage(out)
+                if out.metrics.speculative is not None:
+                    resp["speculative"] = out.metrics.speculative
             return resp
 
         return await run(request, body.prompt, body, 16, render, "cmpl")
@@ -158,6 +160,8 @@ def create_app(engine: LLMEngine) -> FastAPI:
                     "choices": [choice]}  # fmt: skip
             if done and out is not None and not body.stream:
                 resp["usage"] = _usage(out)
+                if out.metrics.speculative is not None:
+                    resp["speculative"] = out.metrics.speculative
             return resp
 
         return await run(request, prompt, body, engine.max_seq_len, render, "chatcmpl")

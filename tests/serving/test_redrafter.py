@@ -58,12 +58,12 @@ def test_teacher_forcing_matches_step_by_step_drafting() -> None:
     d = _drafter()
     emb = torch.randn(50, 16)
     hidden, toks = torch.randn(1, 6, 16), torch.randint(0, 50, (6,))
-    tf = d.teacher_forced_logits(hidden, emb[toks][None], steps=3)
+    tf = d.teacher_forced_features(hidden, emb[toks][None], steps=3)
     t = 1  # position 1: state advances on tokens 2, 3, 4 and predicts 3, 4, 5
     state = torch.zeros(1, 16)
     for i in range(3):
         state = d.step_state(state, emb[toks[t + 1 + i]][None])
-        torch.testing.assert_close(tf[i][0, t], d.logits(hidden[:, t], state)[0])
+        torch.testing.assert_close(d.lm_head[-1](tf[i][0, t]), d.logits(hidden[:, t], state)[0])
 
 
 def test_beam_search_top_beam_is_greedy_and_beams_are_distinct() -> None:

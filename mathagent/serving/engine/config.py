@@ -27,6 +27,7 @@ class EngineConfig:
     max_seq_len: int
     speculative: str
     draft_len: int
+    draft_beams: int
     eager: bool
     threads: int | None
     prefill_chunk: int = 512
@@ -35,11 +36,12 @@ class EngineConfig:
     def from_settings(cls, settings: EngineSettings, model: str | None = None) -> EngineConfig:
         """Resolve 'auto' device/dtype and check the speculative method."""
         device, dtype = resolve_device_dtype(settings.device, settings.dtype)
-        if settings.speculative != "none":
-            raise EngineConfigError(
-                f"speculative method {settings.speculative!r} is not available in this build; "
-                "supported: none"
-            )
+        from mathagent.serving.engine.speculative import SpecMethod, SpecMethodError
+
+        try:
+            SpecMethod.parse(settings.speculative)
+        except SpecMethodError as exc:
+            raise EngineConfigError(str(exc)) from exc
         return cls(
             model=model,
             device=device,
@@ -48,6 +50,7 @@ class EngineConfig:
             max_seq_len=settings.max_seq_len,
             speculative=settings.speculative,
             draft_len=settings.draft_len,
+            draft_beams=settings.draft_beams,
             eager=settings.eager,
             threads=settings.threads,
         )
@@ -84,6 +87,14 @@ class SamplingParams(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    speculative: str | None = Field(None, description="none | ngram | draft:PATH | redrafter:PATH")
+
+    @field_validator("speculative")
+    @classmethod
+    def _known_method(cls, value: str | None) -> str | None:
+        from mathagent.serving.engine.speculative import SpecMethod
+
+        return None if value is None else str(SpecMethod.parse(value))
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -18,6 +18,7 @@ from mathagent.serving.engine.loader import LoadedModel, load_model
 from mathagent.serving.engine.model_runner import ModelRunner
 from mathagent.serving.engine.scheduler import ScheduledBatch, Scheduler
 from mathagent.serving.engine.sequence import RequestMetrics, RequestOutput, Sequence
+from mathagent.serving.engine.speculative import SpecMethod, Speculator
 
 
 class PromptError(ValueError):
@@ -48,6 +49,13 @@ class LLMEngine:
         self.max_seq_len = config.max_seq_len
         self.runner = ModelRunner(self.loaded.model, config)
         self.scheduler = Scheduler(config.max_batch_size)
+        self.speculator = Speculator(
+            self.runner,
+            SpecMethod.parse(config.speculative),
+            config.draft_len,
+            config.draft_beams,
+            model_dir,
+        )
         self._seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
 
@@ -115,17 +123,29 @@ class LLMEngine:
         tokens = self._run(batch)
         return self._postprocess(batch, tokens)
 
-    def _run(self, batch: ScheduledBatch) -> list[int | None]:
+    def _run(self, batch: ScheduledBatch) -> list[list[int] | None]:
         if batch.kind == "prefill":
-            return [self.runner.prefill(batch.seqs[0])]
-        return list(self.runner.decode(batch.seqs))
-
-    def _postprocess(self, batch: ScheduledBatch, tokens: list[int | None]) -> list[RequestOutput]:
-        outputs = []
-        for seq, token in zip(batch.seqs, tokens, strict=True):
+            token = self.runner.prefill(batch.seqs[0])
             if token is None:
+                return [None]
+            self.speculator.prefilled(batch.seqs[0], self.runner.last_hidden)
+            return [[token]]
+        if self._speculating(batch.seqs):
+            return list(self.speculator.step(batch.seqs))
+        return [[t] for t in self.runner.decode(batch.seqs)]
+
+    def _speculating(self, seqs: list[Sequence]) -> bool:
+        """Whether this decode step drafts (the engine's method, or any request's own)."""
+        return any(self.speculator.method_of(s).kind != "none" for s in seqs)
+
+    def _postprocess(
+        self, batch: ScheduledBatch, tokens: list[list[int] | None]
+    ) -> list[RequestOutput]:
+        outputs = []
+        for seq, new in zip(batch.seqs, tokens, strict=True):
+            if new is None:
                 continue  # a prefill chunk that did not reach the prompt's end
-            out = seq.append([token], self.max_seq_len)
+            out = seq.append(new, self.max_seq_len)
             if out.finished:
                 self.scheduler.finish(seq)
                 self._seqs.pop(seq.request_id, None)

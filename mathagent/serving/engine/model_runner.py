@@ -65,6 +65,7 @@ class ModelRunner:
         attn_mask: torch.Tensor | None = None,
         write_positions: torch.Tensor | None = None,
         logits_last_only: bool = False,
+        hidden_only: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Score ``tokens [B, T]`` at rope ``positions [B, T]`` in cache ``slots``.
 
@@ -103,6 +104,8 @@ class ModelRunner:
             slot_start=slots[0] if slots == list(range(slots[0], slots[0] + bsz)) else None,
         )
         hidden = self._model(tokens, ctx)  # [B, T, H]
+        if hidden_only:  # drafter training needs every hidden state and no logits
+            return hidden.new_empty(0), hidden
         if logits_last_only:
             hidden = hidden[:, -1:]
         return self.model.logits(hidden), hidden
@@ -129,7 +132,8 @@ class ModelRunner:
         end = min(len(seq.prompt_ids), start + self.config.prefill_chunk)
         tokens = torch.tensor([seq.prompt_ids[start:end]], device=self.device)  # [1, T]
         positions = torch.arange(start, end, device=self.device)[None]  # [1, T]
-        logits, _ = self.forward(tokens, positions, [seq.slot], logits_last_only=True)
+        logits, hidden = self.forward(tokens, positions, [seq.slot], logits_last_only=True)
+        self.last_hidden = hidden[0, -1]  # [H] ReDrafter drafts from it
         seq.num_cached = end
         if end < len(seq.prompt_ids):
             return None

@@ -73,18 +73,24 @@ class Drafter(nn.Module):
             return F.silu(self.rnn_w(emb) + self.rnn_u(state))
         return state + emb
 
-    def logits(self, context: Tensor, state: Tensor) -> Tensor:
-        """Draft logits [..., V] from the target's hidden state and the recurrent state."""
+    def features(self, context: Tensor, state: Tensor) -> Tensor:
+        """The vector [..., exit_dim] the vocabulary projection reads."""
         x = torch.cat([context, state], dim=-1)
         if self.input_proj is not None:
             x = self.input_proj(x)
-        return self.lm_head(x).float()
+        for block in self.lm_head[:-1]:
+            x = block(x)
+        return x
 
-    def teacher_forced_logits(self, hidden: Tensor, embs: Tensor, steps: int) -> list[Tensor]:
-        """Training forward: logits of step i at position t predict token t + 2 + i.
+    def logits(self, context: Tensor, state: Tensor) -> Tensor:
+        """Draft logits [..., V] from the target's hidden state and the recurrent state."""
+        return self.lm_head[-1](self.features(context, state)).float()
+
+    def teacher_forced_features(self, hidden: Tensor, embs: Tensor, steps: int) -> list[Tensor]:
+        """Training forward: features of step i at position t predict token t + 2 + i.
 
         hidden: [B, T, H] target hidden states; embs: [B, T, H] embeddings of the input tokens.
-        Returns ``steps`` tensors [B, T - 1 - i, V] (positions whose inputs exist).
+        Returns ``steps`` tensors [B, T - 1 - i, exit_dim] (positions whose inputs exist).
         """
         t = hidden.shape[1]
         state = torch.zeros_like(hidden)
@@ -92,7 +98,7 @@ class Drafter(nn.Module):
         for i in range(steps):
             # step i at position t consumes the embedding of token t + 1 + i
             state = self.step_state(state[:, : t - 1 - i], embs[:, 1 + i :])
-            out.append(self.logits(hidden[:, : t - 1 - i], state))
+            out.append(self.features(hidden[:, : t - 1 - i], state))
         return out
 
     @torch.no_grad()

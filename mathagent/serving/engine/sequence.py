@@ -29,6 +29,7 @@ class RequestMetrics:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     target_forwards: int = 0  # decode/verify passes that produced this request's tokens
+    speculative: dict | None = None  # acceptance counters (SpecStats.as_dict) when drafting
 
     @property
     def ttft_s(self) -> float | None:

@@ -17,12 +17,17 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from mathagent.serving.engine.redrafter import Drafter, DrafterConfig
+
+if TYPE_CHECKING:
+    from mathagent.serving.engine.llm_engine import LLMEngine
+    from mathagent.serving.engine.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -108,35 +113,128 @@ def collect_features(hidden_fn: HiddenFn, examples: Iterable[Example]) -> list[F
     return out
 
 
+def engine_hidden_fn(runner: ModelRunner, chunk: int = 256) -> HiddenFn:
+    """Final hidden states of the engine's model over a token list (slot 0, chunked prefill)."""
+
+    def hidden(tokens: list[int]) -> Tensor:
+        if len(tokens) > runner.max_seq_len:
+            raise ValueError(f"a training sequence of {len(tokens)} tokens exceeds the context")
+        parts = []
+        for start in range(0, len(tokens), chunk):
+            piece = tokens[start : start + chunk]
+            toks = torch.tensor([piece], device=runner.device)
+            pos = torch.arange(start, start + len(piece), device=runner.device)[None]
+            _, h = runner.forward(toks, pos, [0], hidden_only=True)
+            parts.append(h[0].float().cpu())
+        return torch.cat(parts)
+
+    return hidden
+
+
+def self_distill(
+    engine: LLMEngine,
+    prompts: list[str],
+    out: Path,
+    max_tokens: int,
+    time_budget_s: float | None = None,
+    report: Callable[[dict], None] = lambda m: log.info("%s", m),
+) -> int:
+    """Write the base model's own greedy continuations of ``prompts`` to ``out`` (JSONL).
+
+    Records (``prompt``, ``completion``) are appended as requests finish, so a run stopped by
+    ``time_budget_s`` keeps everything it finished. Returns the number of records written.
+    """
+    from mathagent.serving.engine.config import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    pending = {engine.add_request(p, params): p for p in prompts}
+    texts = dict.fromkeys(pending, "")
+    t0, written, tokens = time.perf_counter(), 0, 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as f:
+        while engine.has_unfinished():
+            if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
+                # greedy prefixes are still the base's own text: keep the unfinished ones too
+                for rid in list(pending):
+                    engine.abort(rid)
+                    if texts[rid]:
+                        f.write(
+                            json.dumps({"prompt": pending[rid], "completion": texts[rid]}) + "\n"
+                        )
+                        written += 1
+                break
+            for res in engine.step():
+                texts[res.request_id] += res.delta_text
+                if res.finished:
+                    rec = {
+                        "prompt": pending.pop(res.request_id),
+                        "completion": texts[res.request_id],
+                    }
+                    f.write(json.dumps(rec) + "\n")
+                    f.flush()
+                    written += 1
+                    tokens += res.metrics.generated_tokens
+                    if written % 32 == 0:
+                        secs = time.perf_counter() - t0
+                        report(
+                            {
+                                "event": "distill",
+                                "records": written,
+                                "tokens": tokens,
+                                "seconds": round(secs, 1),
+                            }
+                        )
+    return written
+
+
 def drafter_loss(
-    drafter: Drafter, embedding: Tensor, feats: Features, steps: int, top_k: int
+    drafter: Drafter,
+    embedding: Tensor,
+    feats: Features,
+    steps: int,
+    top_k: int,
+    vocab: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, tuple[float, int]]]:
-    """Loss summed over draft steps, and per-step (correct, count) for top-1 / top-k."""
+    """Loss summed over draft steps, and per-step (correct, count) for top-1 / top-k.
+
+    ``vocab`` [S] (sorted ids) restricts the softmax to the training text's own tokens: the
+    vocabulary projection dominates the cost, and tokens the text never uses carry no signal.
+    Evaluation passes None (the full vocabulary).
+    """
     hidden = feats.hidden.float()[None]
     toks = feats.tokens
-    logits = drafter.teacher_forced_logits(hidden, embedding[toks][None], steps)
+    xs = drafter.teacher_forced_features(hidden, embedding[toks][None], steps)
+    head = drafter.lm_head[-1].weight
+    w = head if vocab is None else head[vocab]
     loss = hidden.new_zeros(())
     stats: dict[str, tuple[float, int]] = {}
-    for i, lg in enumerate(logits):
+    for i, x in enumerate(xs):
         labels = toks[2 + i :]
         # position t predicts t + 2 + i; keep labels inside the completion
         first = max(feats.start - 2 - i, 0)
-        lg, labels = lg[0, first : labels.numel()], labels[first:]
+        x, labels = x[0, first : labels.numel()], labels[first:]
         if labels.numel() == 0:
             continue
-        loss = loss + F.cross_entropy(lg, labels, reduction="sum") / max(1, labels.numel())
-        top = lg.topk(top_k, dim=-1).indices
-        hit1 = (top[:, 0] == labels).sum().item()
-        hitk = (top == labels[:, None]).any(-1).sum().item()
+        logits = x @ w.T
+        target = labels if vocab is None else _remap(vocab, labels)
+        loss = loss + F.cross_entropy(logits, target)
+        top = logits.topk(top_k, dim=-1).indices
+        hit1 = (top[:, 0] == target).sum().item()
+        hitk = (top == target[:, None]).any(-1).sum().item()
         stats[f"redrafter{i}_top1"] = (hit1, labels.numel())
         stats[f"redrafter{i}_top{top_k}"] = (hitk, labels.numel())
     return loss, stats
 
 
+def _remap(vocab: Tensor, labels: Tensor) -> Tensor:
+    """Token ids -> positions in the sorted ``vocab`` (every label must be in it)."""
+    return torch.searchsorted(vocab, labels)
+
+
 def evaluate(
     drafter: Drafter, embedding: Tensor, feats: list[Features], cfg: TrainConfig
 ) -> dict[str, float]:
-    """Held-out top-1 / top-k accuracy per draft step."""
+    """Held-out top-1 / top-k accuracy per draft step, over the full vocabulary."""
     totals: dict[str, list[float]] = {}
     with torch.no_grad():
         for f in feats:
@@ -198,6 +296,7 @@ def train(
             "seconds": round(time.perf_counter() - t0, 1),
         }
     )
+    vocab = torch.cat([f.tokens for f in train_feats]).unique()  # sorted
     drafter = new_drafter(embedding, cfg)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
@@ -210,11 +309,12 @@ def train(
     for epoch in range(cfg.epochs):
         rng.shuffle(batches)
         for batch in batches:
-            loss = sum(
-                drafter_loss(drafter, embedding, f, cfg.draft_len, cfg.top_k)[0] for f in batch
-            )
+            losses = [
+                drafter_loss(drafter, embedding, f, cfg.draft_len, 1, vocab)[0] for f in batch
+            ]
+            loss = torch.stack(losses).mean()
             opt.zero_grad()
-            (loss / len(batch)).backward()
+            loss.backward()
             opt.step()
             sched.step()
             step += 1

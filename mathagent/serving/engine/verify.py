@@ -68,6 +68,8 @@ def sample_verify(
         deterministic proposer (q is one-hot on the draft).
     """
     b, k = drafts.shape
+    if k == 0:  # nothing drafted: a plain sample from p
+        return Verdict(drafts.new_zeros(b), _draw(target_probs[:, 0], generator)[:, None])
     valid = drafts >= 0
     idx = drafts.clamp(min=0)[..., None]  # [B, K, 1]
     p_d = target_probs[:, :k].gather(-1, idx).squeeze(-1)  # [B, K]

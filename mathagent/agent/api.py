@@ -1,0 +1,147 @@
+"""The /solve HTTP API: ``POST /solve``, ``POST /solve/stream`` (SSE) and ``GET /health``.
+
+Bad input gets a 4xx with a message: empty problems and absurd limits 422, oversized bodies
+413, a missing or wrong bearer token 401, more requests in flight than allowed 429. Model or
+sandbox outages do not fail the request: they come back as ``error`` fields in the result.
+"""
+
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mathagent.agent.result import SolveResult
+from mathagent.agent.solver import SolveOptions, Solver
+from mathagent.config import Settings
+
+_BEARER = HTTPBearer(auto_error=False)
+# Bodies beyond this many bytes over the problem limit are refused before parsing.
+BODY_SLACK_BYTES = 64 * 1024
+
+
+class SolveRequest(BaseModel):
+    """One problem and its limits (unset limits take the server's configured defaults)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    problem: str = Field(min_length=1, description="the problem statement")
+    tools: bool = Field(True, description="let the model run Python in the sandbox")
+    samples: int = Field(1, ge=1, description="generations to vote over")
+    max_tool_calls: int | None = Field(None, ge=0, le=64)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1, le=131_072)
+    early_stop: int | None = Field(None, ge=0, description="stop once this many samples agree")
+    seed: int | None = None
+
+    @field_validator("problem")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("problem is empty")
+        return value
+
+
+class Health(BaseModel):
+    status: str = "ok"
+    model: str
+    mode: str
+    tools: bool
+    in_flight: int
+
+
+class _Gate:
+    """Counts requests in flight; beyond the limit the API answers 429 at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.in_flight = limit, 0
+
+    def enter(self) -> None:
+        if self.in_flight >= self.limit:
+            raise HTTPException(429, f"too many requests in flight (limit {self.limit})")
+        self.in_flight += 1
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+
+def create_app(solver: Solver, settings: Settings) -> FastAPI:
+    """The FastAPI app over a ready :class:`Solver` (the caller owns its model and sandbox)."""
+    limits = settings.agent
+    gate = _Gate(limits.max_concurrency)
+    app = FastAPI(
+        title="mathagent",
+        summary="Solve math problems with a tool-calling model and sandboxed Python.",
+        version="0.1.0",
+    )
+
+    def authorize(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
+        if settings.api_key is None:
+            return
+        token = creds.credentials if creds else ""
+        if not secrets.compare_digest(token.encode(), settings.api_key.encode()):
+            raise HTTPException(
+                401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"}
+            )
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        size = request.headers.get("content-length")
+        if size and size.isdigit() and int(size) > 4 * limits.max_problem_chars + BODY_SLACK_BYTES:
+            return JSONResponse({"detail": "request body too large"}, status_code=413)
+        return await call_next(request)
+
+    def options(req: SolveRequest) -> SolveOptions:
+        if len(req.problem) > limits.max_problem_chars:
+            raise HTTPException(413, f"problem longer than {limits.max_problem_chars} characters")
+        if req.samples > limits.max_samples:
+            raise HTTPException(422, f"samples must be at most {limits.max_samples}")
+        if req.tools and solver.sandbox is None:
+            raise HTTPException(400, "tools are unavailable: this server has no sandbox")
+        return SolveOptions(**req.model_dump(exclude={"problem"}))
+
+    @app.get("/health")
+    async def health() -> Health:
+        llm = solver.llm
+        tools = solver.sandbox is not None
+        return Health(model=llm.model, mode=llm.mode, tools=tools, in_flight=gate.in_flight)
+
+    @app.post("/solve", dependencies=[Depends(authorize)])
+    async def solve(req: SolveRequest) -> SolveResult:
+        """Solve one problem; returns the voted answer, every sample, tool calls and timing."""
+        opts = options(req)
+        gate.enter()
+        try:
+            return await solver.solve(req.problem, opts)
+        finally:
+            gate.leave()
+
+    @app.post(
+        "/solve/stream",
+        dependencies=[Depends(authorize)],
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {}}}},
+    )
+    async def solve_stream(req: SolveRequest) -> StreamingResponse:
+        """Server-sent events: text, tool_call, tool_result, answer, done (per sample), result."""
+        opts = options(req)
+        gate.enter()
+        return StreamingResponse(
+            _sse(solver, req.problem, opts, gate), media_type="text/event-stream"
+        )
+
+    return app
+
+
+async def _sse(solver: Solver, problem: str, opts: SolveOptions, gate: _Gate) -> AsyncIterator[str]:
+    try:
+        async with aclosing(solver.stream(problem, opts)) as events:
+            async for event in events:
+                yield f"event: {event.type}\ndata: {event.model_dump_json()}\n\n"
+    finally:
+        gate.leave()

@@ -1,0 +1,222 @@
+"""Samples of one problem run concurrently, then a majority vote (the AIMO-2 Kaggle recipe).
+
+Optional early stop cancels the remaining samples once ``early_stop`` finished samples agree;
+the per-problem time budget bounds every sample. Cancelled samples keep their partial text
+with ``finish_reason = "cancelled"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from mathagent.agent.answer import normalize
+from mathagent.agent.events import DoneEvent, Event, ResultEvent
+from mathagent.agent.llm import LLM, open_llm
+from mathagent.agent.loop import SampleLoop, SampleParams
+from mathagent.agent.prompts import select_template
+from mathagent.agent.result import SampleResult, SolveResult, Timing, ToolCall, Usage
+from mathagent.config import DEFAULT_MODEL_NAME, AgentSettings, Settings
+from mathagent.sandbox.base import Sandbox
+
+# The solver waits this long past the budget for samples to wind down before cancelling them.
+WIND_DOWN_S = 5.0
+
+
+class SolveOptions(BaseModel):
+    """Per-problem knobs; unset fields take the :class:`AgentSettings` defaults."""
+
+    tools: bool = True
+    samples: int | None = Field(None, ge=1)
+    max_tool_calls: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+    early_stop: int | None = Field(None, ge=0, description="stop once this many samples agree")
+    wall_time_s: float | None = Field(None, gt=0)
+    seed: int | None = None
+
+
+def majority_vote(answers: list[str | None]) -> str | None:
+    """The most common answer (compared in normalized form); ties go to the earliest sample."""
+    keys = [normalize(a) if a else None for a in answers]
+    counts = Counter(k for k in keys if k)
+    if not counts:
+        return None
+    best = max(counts.values())
+    return next(a for a, k in zip(answers, keys, strict=True) if k and counts[k] == best)
+
+
+class Solver:
+    """Solves problems with one model endpoint and one sandbox."""
+
+    def __init__(
+        self,
+        llm: LLM,
+        sandbox: Sandbox | None,
+        settings: AgentSettings,
+    ) -> None:
+        self.llm, self.sandbox, self.settings = llm, sandbox, settings
+
+    def _params(self, o: SolveOptions) -> tuple[SampleParams, int, int]:
+        s = self.settings
+        params = SampleParams(
+            tools=o.tools,
+            max_tool_calls=s.max_tool_calls if o.max_tool_calls is None else o.max_tool_calls,
+            max_tokens=o.max_tokens or s.max_tokens,
+            temperature=s.temperature if o.temperature is None else o.temperature,
+            top_p=o.top_p or s.top_p,
+            seed=o.seed if o.seed is not None else s.seed,
+            code_timeout_s=s.code_timeout_s,
+            max_output_chars=s.max_output_chars,
+            remaining_notice=s.remaining_notice,
+            stop_on_answer=s.stop_on_answer,
+            wall_time_s=o.wall_time_s or s.wall_time_s,
+        )
+        early = s.early_stop if o.early_stop is None else o.early_stop
+        return params, o.samples or s.samples, early
+
+    def _loops(self, problem: str, o: SolveOptions) -> tuple[list[SampleLoop], int, float]:
+        params, n, early = self._params(o)
+        template = select_template(self.settings.prompt_format, self.llm.model, o.tools)
+        params.remaining_notice = params.remaining_notice or template.remaining_notice
+        deadline = asyncio.get_running_loop().time() + params.wall_time_s
+        loops = []
+        for i in range(n):
+            p = SampleParams(**params.__dict__)
+            if p.seed is not None:
+                p.seed += i
+            loops.append(SampleLoop(self.llm, self.sandbox, template, problem, p, i, deadline))
+        return loops, early, deadline
+
+    async def stream(
+        self, problem: str, options: SolveOptions | None = None
+    ) -> AsyncIterator[Event]:
+        """Yield every sample's events as they happen, then one ``result`` event."""
+        started = time.perf_counter()
+        loops, early, deadline = self._loops(problem, options or SolveOptions())
+        queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        tasks = [asyncio.create_task(self._pump(lp, queue)) for lp in loops]
+        done: dict[int, SampleResult] = {}
+        unfinished = "cancelled"
+        try:
+            while len(done) < len(loops):
+                event = await self._next(queue, deadline)
+                if event is None:
+                    unfinished = "time"
+                    break
+                yield event
+                if isinstance(event, DoneEvent):
+                    done[event.sample] = event.result
+                    if early and _agreed(done, early):
+                        break
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        samples = [done.get(lp.index) or lp.snapshot(unfinished) for lp in loops]
+        yield ResultEvent(result=_combine(samples, time.perf_counter() - started))
+
+    async def solve(self, problem: str, options: SolveOptions | None = None) -> SolveResult:
+        """Solve without streaming (the same code path as :meth:`stream`)."""
+        result = None
+        async with aclosing(self.stream(problem, options)) as events:
+            async for event in events:
+                if isinstance(event, ResultEvent):
+                    result = event.result
+        assert result is not None
+        return result
+
+    async def solve_sample(
+        self, problem: str, sample: int, options: SolveOptions | None = None
+    ) -> SampleResult:
+        """Run only sample number ``sample`` (seed + sample), e.g. for a batch evaluator."""
+        params, _, _ = self._params(options or SolveOptions())
+        template = select_template(self.settings.prompt_format, self.llm.model, params.tools)
+        params.remaining_notice = params.remaining_notice or template.remaining_notice
+        if params.seed is not None:
+            params.seed += sample
+        loop = SampleLoop(self.llm, self.sandbox, template, problem, params, sample)
+        result = None
+        async with aclosing(loop.events()) as events:
+            async for event in events:
+                if isinstance(event, DoneEvent):
+                    result = event.result
+        assert result is not None
+        return result
+
+    @staticmethod
+    async def _pump(loop: SampleLoop, queue: asyncio.Queue[Event | None]) -> None:
+        try:
+            async with aclosing(loop.events()) as events:
+                async for event in events:
+                    queue.put_nowait(event)
+        except Exception as exc:  # a bug must not leave the solver waiting for this sample
+            error = f"internal error: {type(exc).__name__}: {exc}"
+            queue.put_nowait(DoneEvent(sample=loop.index, result=loop.snapshot("error", error)))
+
+    @staticmethod
+    async def _next(queue: asyncio.Queue[Event | None], deadline: float) -> Event | None:
+        try:
+            async with asyncio.timeout_at(deadline + WIND_DOWN_S):
+                return await queue.get()
+        except TimeoutError:
+            return None
+
+
+def _agreed(done: dict[int, SampleResult], k: int) -> bool:
+    counts = Counter(normalize(r.answer) for r in done.values() if r.answer)
+    return bool(counts) and max(counts.values()) >= k
+
+
+def _combine(samples: list[SampleResult], wall_s: float) -> SolveResult:
+    """Vote and add up; with concurrent samples the time parts sum to more than ``total_s``."""
+    usage = Usage()
+    timing = Timing(total_s=wall_s)
+    calls: list[ToolCall] = []
+    for s in samples:
+        usage.prompt_tokens += s.usage.prompt_tokens
+        usage.completion_tokens += s.usage.completion_tokens
+        timing.model_s += s.timing.model_s
+        timing.sandbox_s += s.timing.sandbox_s
+        timing.agent_s += s.timing.agent_s
+        calls.extend(s.tool_calls)
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+    errors = [s.error for s in samples if s.error]
+    return SolveResult(
+        answer=majority_vote([s.answer for s in samples]),
+        samples=samples,
+        tool_calls=calls,
+        usage=usage,
+        timing=timing,
+        error=errors[0] if errors and len(errors) == len(samples) else None,
+    )
+
+
+def build_solver(
+    settings: Settings,
+    base_url: str,
+    model: str,
+    sandbox: Sandbox | None,
+    tokenizer: str | None = None,
+) -> Solver:
+    """A :class:`Solver` for an endpoint: the one place that finds the chat template.
+
+    ``tokenizer`` (a folder, ``.gguf`` file or cached name) wins; else the configured model
+    path; else, for the default model, the fetched GGUF in the model cache.
+    """
+    if tokenizer is None and settings.agent.tokenizer is None:
+        if settings.model and Path(settings.model).expanduser().exists():
+            tokenizer = settings.model
+        elif model == DEFAULT_MODEL_NAME:
+            from mathagent.serving.model_store import default_gguf_path
+
+            tokenizer = str(default_gguf_path(settings.model_dir))
+    llm = open_llm(base_url, model, settings.agent, settings.llm_api_key, tokenizer)
+    return Solver(llm, sandbox, settings.agent)

@@ -1,0 +1,58 @@
+"""Terminal rendering of a solve as it streams: prose plain, code in colour, output boxed.
+
+Only the first sample streams live; other samples get one summary line when they finish, so
+concurrent samples never interleave on screen.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.text import Text
+
+from mathagent.agent.events import DoneEvent, Event, TextEvent, ToolResultEvent
+
+
+class Transcript:
+    """Prints events to a rich console."""
+
+    def __init__(self, console: Console, live_sample: int = 0) -> None:
+        self.console, self.live = console, live_sample
+        self._at_line_start = True
+
+    def show(self, event: Event) -> None:
+        """Render one event."""
+        if isinstance(event, TextEvent) and event.sample == self.live:
+            self._write(event.text, "bold cyan" if event.code else "")
+        elif isinstance(event, ToolResultEvent) and event.sample == self.live:
+            self._tool_result(event)
+        elif isinstance(event, DoneEvent):
+            self._done(event)
+
+    def _write(self, text: str, style: str) -> None:
+        if text:
+            self.console.print(Text(text, style=style), end="", soft_wrap=True)
+            self._at_line_start = text.endswith("\n")
+
+    def _newline(self) -> None:
+        if not self._at_line_start:
+            self.console.print()
+            self._at_line_start = True
+
+    def _tool_result(self, event: ToolResultEvent) -> None:
+        call = event.call
+        body = (call.stdout + call.stderr).rstrip("\n") or "(no output)"
+        style = "green" if call.status == "completed" else "red"
+        title = f"output · {call.status} · {call.duration_s:.2f} s"
+        if call.state_lost:
+            title += " · session restarted"
+        self._newline()
+        self.console.print(Panel(Text(body), title=title, title_align="left", border_style=style))
+
+    def _done(self, event: DoneEvent) -> None:
+        result = event.result
+        self._newline()
+        line = f"[sample {event.sample}] {result.finish_reason}, answer: {result.answer}"
+        if result.error:
+            line += f" — {result.error}"
+        self.console.print(Text(line, style="dim" if not result.error else "red"))

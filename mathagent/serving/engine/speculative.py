@@ -1,0 +1,306 @@
+"""Speculative decoding inside continuous batching: propose -> verify -> accept, per slot.
+
+Every running sequence drafts with its own method (the engine's, or its request's), all drafts
+are verified in one target forward (each row's candidates as a prefix tree under its own tree
+attention mask, K/V written past the row's committed length), and each row keeps the longest
+accepted prefix. Rolling back is moving ``num_cached``; only a tree path that is not the first
+branch has its K/V moved to consecutive positions (at most ``draft_len`` entries).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import torch
+from torch import Tensor
+
+from mathagent.serving.engine.proposal import Draft, Proposer, SpecRow
+from mathagent.serving.engine.sampler import Sampler, SamplingBatch
+from mathagent.serving.engine.verify import Tree, build_tree, sample_verify, tree_greedy_verify
+
+if TYPE_CHECKING:
+    from mathagent.serving.engine.model_runner import ModelRunner
+    from mathagent.serving.engine.sequence import Sequence
+
+METHODS = "none | ngram | draft:PATH | redrafter:PATH"
+
+
+class SpecMethodError(ValueError):
+    """A speculative method string that names no method (or a drafter that cannot load)."""
+
+
+@dataclass(frozen=True)
+class SpecMethod:
+    """A parsed ``--speculative`` value."""
+
+    kind: Literal["none", "ngram", "draft", "redrafter"]
+    path: str | None = None
+
+    @classmethod
+    def parse(cls, spec: str) -> SpecMethod:
+        """Parse ``none | ngram | draft:PATH | redrafter:PATH``."""
+        spec = spec.strip()
+        if spec in ("none", "ngram"):
+            return cls(spec)  # type: ignore[arg-type]
+        kind, sep, path = spec.partition(":")
+        if kind in ("draft", "redrafter") and sep and path:
+            return cls(kind, path)  # type: ignore[arg-type]
+        raise SpecMethodError(f"unknown speculative method {spec!r}; use {METHODS}")
+
+    def __str__(self) -> str:
+        return self.kind if self.path is None else f"{self.kind}:{self.path}"
+
+
+@dataclass
+class SpecStats:
+    """Acceptance counters: overall (``/metrics``) or for one request."""
+
+    forwards: int = 0  # target forwards that committed tokens
+    tokens: int = 0  # tokens committed by those forwards
+    drafted: int = 0
+    accepted: int = 0
+    drafted_at: list[int] = field(default_factory=list)  # per draft position
+    accepted_at: list[int] = field(default_factory=list)
+
+    def record(self, depth: int, accepted: int, committed: int) -> None:
+        """Count one verified row: ``depth`` drafted, ``accepted`` kept, ``committed`` emitted."""
+        self.forwards += 1
+        self.tokens += committed
+        self.drafted += depth
+        self.accepted += accepted
+        grow = depth - len(self.drafted_at)
+        if grow > 0:
+            self.drafted_at += [0] * grow
+            self.accepted_at += [0] * grow
+        for i in range(depth):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < accepted
+
+    def merge(self, other: dict) -> None:
+        """Add a finished request's counters (its ``as_dict`` form, plus raw counts)."""
+        self.forwards += other["target_forwards"]
+        self.tokens += other["tokens"]
+        self.drafted += other["drafted_tokens"]
+        self.accepted += other["accepted_tokens"]
+        for i, (d, a) in enumerate(zip(other["drafted_at"], other["accepted_at"], strict=True)):
+            if i == len(self.drafted_at):
+                self.drafted_at.append(0)
+                self.accepted_at.append(0)
+            self.drafted_at[i] += d
+            self.accepted_at[i] += a
+
+    def prometheus(self, label: str) -> list[str]:
+        """``/metrics`` lines: drafted and accepted totals, per-position acceptance rates."""
+        lines = [
+            "# HELP mathagent_spec_draft_tokens_total Draft tokens proposed.",
+            "# TYPE mathagent_spec_draft_tokens_total counter",
+            f"mathagent_spec_draft_tokens_total{{{label}}} {self.drafted}",
+            "# HELP mathagent_spec_accepted_tokens_total Draft tokens accepted by verification.",
+            "# TYPE mathagent_spec_accepted_tokens_total counter",
+            f"mathagent_spec_accepted_tokens_total{{{label}}} {self.accepted}",
+            "# HELP mathagent_spec_acceptance_length Tokens per target forward of speculative requests.",
+            "# TYPE mathagent_spec_acceptance_length gauge",
+            f"mathagent_spec_acceptance_length{{{label}}} {self.as_dict()['acceptance_length']}",
+            "# HELP mathagent_spec_position_acceptance Acceptance rate at each draft position.",
+            "# TYPE mathagent_spec_position_acceptance gauge",
+        ]
+        rates = self.as_dict()["per_position_acceptance"]
+        lines += [
+            f'mathagent_spec_position_acceptance{{{label},position="{i}"}} {r}'
+            for i, r in enumerate(rates)
+        ]
+        return lines
+
+    def as_dict(self) -> dict:
+        """JSON form: acceptance length, accepted/drafted and per-position acceptance."""
+        return {
+            "acceptance_length": round(self.tokens / self.forwards, 4) if self.forwards else 1.0,
+            "drafted_tokens": self.drafted,
+            "accepted_tokens": self.accepted,
+            "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
+            "per_position_acceptance": [
+                round(a / d, 4) for a, d in zip(self.accepted_at, self.drafted_at, strict=True)
+            ],
+            "target_forwards": self.forwards,
+            "tokens": self.tokens,
+            "drafted_at": list(self.drafted_at),
+            "accepted_at": list(self.accepted_at),
+        }
+
+
+@dataclass
+class _Track:
+    """What the speculator remembers about one running sequence between steps."""
+
+    hidden: Tensor | None = None
+    state: dict = field(default_factory=dict)
+    stats: SpecStats = field(default_factory=SpecStats)
+
+
+class Speculator:
+    """Runs decode steps for running sequences with drafting and verification."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        default: SpecMethod,
+        draft_len: int,
+        beams: int,
+        model_dir: Path,
+    ) -> None:
+        self.runner = runner
+        self.default = default
+        self.draft_len = draft_len
+        self.beams = beams
+        self.model_dir = model_dir
+        self.stats = SpecStats()
+        self._proposers: dict[SpecMethod, Proposer] = {}
+        self._tracks: dict[str, _Track] = {}
+
+    def register(self, method: SpecMethod, proposer: Proposer) -> None:
+        """Use ``proposer`` for ``method`` (already-built drafters, e.g. in tests)."""
+        self._proposers[method] = proposer
+
+    def proposer(self, method: SpecMethod) -> Proposer | None:
+        """The proposer for ``method``, loaded on first use; None for ``none``."""
+        if method.kind == "none":
+            return None
+        if method not in self._proposers:
+            from mathagent.serving.engine.drafters import load_proposer
+
+            self._proposers[method] = load_proposer(method, self.runner, self.beams, self.model_dir)
+        return self._proposers[method]
+
+    def method_of(self, seq: Sequence) -> SpecMethod:
+        """The sequence's own method if its request named one, else the engine's."""
+        spec = getattr(seq.params, "speculative", None)
+        return SpecMethod.parse(spec) if spec else self.default
+
+    def request_stats(self, request_id: str) -> SpecStats | None:
+        """Acceptance counters of a running request."""
+        track = self._tracks.get(request_id)
+        return None if track is None else track.stats
+
+    def prefilled(self, seq: Sequence, hidden: Tensor) -> None:
+        """Remember the hidden state a finished prefill produced its first token from."""
+        self._tracks[seq.request_id] = _Track(hidden=hidden)
+
+    def step(self, seqs: list[Sequence]) -> list[list[int]]:
+        """Propose, verify and accept for every sequence; return each one's new tokens."""
+        self._tracks = {s.request_id: self._tracks.get(s.request_id) or _Track() for s in seqs}
+        rows = [self._row(s) for s in seqs]
+        drafts = self._propose(rows)
+        trees = [build_tree(d.beams) for d in drafts]
+        logits, hidden = self._verify_forward(seqs, trees)
+        out = []
+        for b, (row, draft, tree) in enumerate(zip(rows, drafts, trees, strict=True)):
+            out.append(self._accept(row, draft, tree, logits[b], hidden[b]))
+        return out
+
+    def _row(self, seq: Sequence) -> SpecRow:
+        track = self._tracks[seq.request_id]
+        warp = None
+        if not seq.params.greedy:
+            batch = SamplingBatch.build([seq.params], [None], self.runner.device)
+
+            def warp(logits: Tensor, batch: SamplingBatch = batch) -> Tensor:
+                rows = logits.shape[0]
+                expanded = SamplingBatch(
+                    batch.temperature.expand(rows),
+                    batch.top_p.expand(rows),
+                    batch.top_k.expand(rows),
+                    [None] * rows,
+                    False,
+                )
+                return Sampler.probs(logits, expanded)
+
+        return SpecRow(seq, track.hidden, track.state, warp)
+
+    def _propose(self, rows: list[SpecRow]) -> list[Draft]:
+        """Group rows by method, draft, and give rows near the context end no drafts."""
+        drafts: list[Draft | None] = [None] * len(rows)
+        groups: dict[SpecMethod, list[int]] = {}
+        budget = 1 + self.beams * self.draft_len  # most tree nodes a row can bring
+        for i, row in enumerate(rows):
+            if row.seq.num_cached + budget <= self.runner.max_seq_len:
+                groups.setdefault(self.method_of(row.seq), []).append(i)
+        for method, idxs in groups.items():
+            proposer = self.proposer(method)
+            if proposer is None:
+                continue
+            for i, d in zip(
+                idxs, proposer.propose([rows[i] for i in idxs], self.draft_len), strict=True
+            ):
+                drafts[i] = d
+        return [d or Draft.chain(r.seq.last_token, []) for d, r in zip(drafts, rows, strict=True)]
+
+    def _verify_forward(self, seqs: list[Sequence], trees: list[Tree]) -> tuple[Tensor, Tensor]:
+        """One target forward over every row's tree: logits [B, N, V], hidden [B, N, H]."""
+        dev = self.runner.device
+        n = max(t.tokens.numel() for t in trees)
+        base = [s.num_cached for s in seqs]
+        kv_len = max(base) + n
+        tokens = torch.zeros(len(seqs), n, dtype=torch.long)
+        rope = torch.tensor(base)[:, None].repeat(1, n)
+        write = rope + torch.arange(n)
+        mask = torch.zeros(len(seqs), n, kv_len, dtype=torch.bool)
+        for b, (c, tree) in enumerate(zip(base, trees, strict=True)):
+            m = tree.tokens.numel()
+            tokens[b, :m] = tree.tokens
+            rope[b, :m] += tree.depths
+            mask[b, :, :c] = True
+            mask[b, :m, c : c + m] = tree.mask
+            pad = torch.arange(m, n)
+            mask[b, pad, c + pad] = True  # padding rows see the prefix and themselves only
+        write = write.clamp(max=self.runner.max_seq_len - 1)  # pads past the end of a full row
+        slots = [s.slot for s in seqs if s.slot is not None]
+        return self.runner.forward(
+            tokens.to(dev),
+            rope.to(dev),
+            slots,
+            attn_mask=mask.to(dev),
+            write_positions=write.to(dev),
+        )
+
+    def _accept(
+        self, row: SpecRow, draft: Draft, tree: Tree, logits: Tensor, hidden: Tensor
+    ) -> list[int]:
+        """Verify one row, move its accepted K/V into place and record the outcome."""
+        seq, m = row.seq, tree.tokens.numel()
+        if row.greedy:
+            path, tokens = tree_greedy_verify(tree, logits[:m])
+        else:
+            p = row.warp(logits[:m]).cpu()  # [1 + K, V]
+            q = None if draft.q is None else draft.q.cpu()[None]
+            verdict = sample_verify(tree.tokens[1:][None], p[None], q, seq.generator)
+            n_acc = int(verdict.accepted[0])
+            path, tokens = list(range(n_acc + 1)), verdict.tokens[0, : n_acc + 1].tolist()
+        base = seq.num_cached
+        self._compact(seq.slot, base, path)
+        seq.num_cached = base + len(path)
+        track = self._tracks[seq.request_id]
+        track.hidden = hidden[path[-1]]
+        proposer = self.proposer(self.method_of(seq)) if draft.depth else None
+        if proposer is not None:
+            proposer.accepted(row, base, len(path) - 1)
+        for stats in (self.stats, track.stats):
+            stats.record(draft.depth, len(path) - 1, len(tokens))
+        _mirror(seq, track.stats)
+        return tokens
+
+    def _compact(self, slot: int | None, base: int, path: list[int]) -> None:
+        """Move the K/V of an accepted tree path to consecutive positions after ``base``."""
+        if slot is None or path == list(range(len(path))):
+            return
+        src = torch.tensor(path, device=self.runner.device) + base
+        dst = torch.arange(len(path), device=self.runner.device) + base
+        for cache in (self.runner.cache.k, self.runner.cache.v):
+            layer_view = cache[:, slot]  # [L, Hkv, max_seq, D]
+            layer_view[:, :, dst] = layer_view[:, :, src]
+
+
+def _mirror(seq: Sequence, stats: SpecStats) -> None:
+    """Copy a request's acceptance counters into its metrics (read by the server and CLI)."""
+    seq.metrics.speculative = stats.as_dict()

@@ -1,0 +1,86 @@
+"""Speculative decoding in the engine: greedy output identical to plain greedy, for every method.
+
+Real default model (fp32, CPU), the conftest's 20 prompts, batched (8 slots) and one at a time.
+Draft model: the default model's first 4 layers with its own final norm and embedding (a
+layer-skip draft that shares the tokenizer). ReDrafter: the drafter shipped for the default model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from mathagent.serving.engine.config import SamplingParams
+
+from .conftest import PROMPTS
+
+MAX_NEW = 20
+SHIPPED_DRAFTER = (
+    Path(__file__).resolve().parents[2] / "mathagent/serving/drafters/SmolLM2-135M-Instruct"
+)
+
+
+@pytest.fixture(scope="module")
+def layer_skip_draft(engine, tmp_path_factory) -> Path:
+    """An HF folder holding the default model's first 4 layers (shares its tokenizer)."""
+    src = engine.loaded.path
+    out = tmp_path_factory.mktemp("draft4")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["num_hidden_layers"] = 4
+    (out / "config.json").write_text(json.dumps(cfg))
+    state: dict[str, torch.Tensor] = {}
+    for file in src.glob("*.safetensors"):
+        state.update(load_file(str(file)))
+    keep = {
+        k: v
+        for k, v in state.items()
+        if not k.startswith("model.layers.") or int(k.split(".")[2]) < 4
+    }
+    save_file(keep, str(out / "model.safetensors"))
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            (out / f.name).write_bytes(f.read_bytes())
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain(engine) -> list[list[int]]:
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
+    return [r.token_ids for r in engine.generate(PROMPTS, params)]
+
+
+def _methods(draft: Path) -> list[str]:
+    return ["ngram", f"draft:{draft}", f"redrafter:{SHIPPED_DRAFTER}"]
+
+
+@pytest.mark.parametrize("index", [0, 1, 2], ids=["ngram", "draft", "redrafter"])
+def test_greedy_speculation_is_token_identical(engine, plain, layer_skip_draft, index) -> None:
+    method = _methods(layer_skip_draft)[index]
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, speculative=method)
+    batched = engine.generate(PROMPTS, params)
+    assert [r.token_ids for r in batched] == plain
+    single = [engine.generate([p], params)[0] for p in PROMPTS]
+    assert [r.token_ids for r in single] == plain
+    stats = [r.metrics.speculative for r in batched + single]
+    assert all(s is not None and s["acceptance_length"] >= 1.0 for s in stats)
+    drafted = sum(s["drafted_tokens"] for s in stats)
+    accepted = sum(s["accepted_tokens"] for s in stats)
+    assert drafted > 0 and 0 < accepted <= drafted
+    totals = [len(r.token_ids) for r in batched]
+    forwards = [len(r.token_ids) / r.metrics.speculative["acceptance_length"] for r in batched]
+    assert sum(forwards) < sum(totals)  # speculation saved target forwards
+
+
+def test_engine_counts_acceptance_overall(engine) -> None:
+    stats = engine.speculator.stats.as_dict()
+    assert stats["drafted_tokens"] >= stats["accepted_tokens"] > 0
+    assert len(stats["per_position_acceptance"]) >= 1
+
+
+def test_unknown_method_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="none \\| ngram"):
+        SamplingParams(speculative="medusa")
