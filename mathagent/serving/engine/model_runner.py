@@ -78,6 +78,7 @@ class ModelRunner:
             self.lookahead.drop()  # this step changes what a step in flight would have read
         if (
             self.graphs is not None
+            and not hidden_only
             and self.graphs.accepts(*tokens.shape)
             and (
                 (attn_mask is None and write_positions is None)
