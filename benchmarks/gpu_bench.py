@@ -52,7 +52,7 @@ def engine_from_hf(hf: torch.nn.Module) -> Transformer:
 def make_engine(model: Transformer, shape: str, max_batch: int) -> LLMEngine:
     config = EngineConfig(model=None, device=torch.device("cuda"), dtype=torch.bfloat16,
                           max_batch_size=max_batch, max_seq_len=1024, speculative="none",
-                          draft_len=DRAFT_LEN, eager=False, threads=None)  # fmt: skip
+                          draft_len=DRAFT_LEN, draft_beams=1, eager=False, threads=None)  # fmt: skip
     loaded = LoadedModel(model, None, f"random:{shape}", None, ())
     return LLMEngine(config, model_dir=None, loaded=loaded)
 

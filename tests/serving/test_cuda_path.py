@@ -33,7 +33,7 @@ def runners():
     for p in model.parameters():
         p.data.normal_(0.0, 0.08)
     common = dict(model=None, device=torch.device("cuda"), dtype=torch.float32, max_batch_size=4,
-                  max_seq_len=256, speculative="none", draft_len=4, threads=None)  # fmt: skip
+                  max_seq_len=256, speculative="none", draft_len=4, draft_beams=1, threads=None)  # fmt: skip
     eager = ModelRunner(model, EngineConfig(eager=True, **common))
     fast = ModelRunner(model, EngineConfig(eager=False, **common))
     assert fast.graphs is not None and eager.graphs is None
