@@ -59,7 +59,7 @@ class GreedyLookahead:
     ) -> _Step:
         logits, _ = self.graphs.launch_decode(tokens, positions, slots)
         device_tokens = logits[:, -1].argmax(dim=-1)  # [rows], as the sampler's greedy rows
-        host_tokens = torch.empty(len(positions), dtype=torch.long, pin_memory=True)
+        host_tokens = torch.empty(len(positions), dtype=torch.long, pin_memory=logits.is_cuda)
         host_tokens.copy_(device_tokens, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
