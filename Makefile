@@ -8,9 +8,9 @@ TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed-stamp
 DEMO_PROBLEM ?= What is 17 * 23 + 5?
 
-.PHONY: setup demo test lint docker model clean
+.PHONY: setup demo test lint docker image model clean
 
-setup: $(STAMP) docker model
+setup: $(STAMP) docker image model
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml
 
 docker:
 	./scripts/ensure_docker.sh
+
+# Offline build from Debian packages; a no-op (under a second) when the image is current.
+image: $(STAMP) docker
+	$(PY) -m mathagent sandbox build
 
 model: $(STAMP)
 	$(PY) -m mathagent fetch-model >/dev/null

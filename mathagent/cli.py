@@ -120,38 +120,121 @@ def api(
         raise _fail(str(exc)) from exc
 
 
+class Launcher(StrEnum):
+    native = "native"
+    docker = "docker"
+
+
 @app.command()
 def serve(
     engine: Annotated[EngineKind, typer.Option(help="Which engine to run.")] = EngineKind.embedded,
     preset: Annotated[str | None, typer.Option(help="Named speculative configuration.")] = None,
     model: Annotated[str | None, typer.Option(help="Model path or name.")] = None,
     speculative: Annotated[
-        str | None, typer.Option(help="none | ngram | draft:PATH | redrafter:PATH")
+        str | None,
+        typer.Option(
+            help="none | ngram | draft:PATH | redrafter:PATH (external: also eagle3:PATH)"
+        ),
     ] = None,
     port: Annotated[int, typer.Option(help="Port to listen on.")] = ENGINE_PORT,
     host: Annotated[str | None, typer.Option(help="Bind address (default loopback).")] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Write configs and print commands only.")
     ] = False,
+    tp_size: Annotated[int | None, typer.Option(min=1, help="Tensor-parallel GPUs.")] = None,
+    max_draft_len: Annotated[int | None, typer.Option(min=1, help="Draft tokens per step.")] = None,
+    trtllm_version: Annotated[
+        str | None, typer.Option(help="TensorRT-LLM version to write the YAML for (1.0, 1.2, ...).")
+    ] = None,
+    nodes: Annotated[
+        str | None, typer.Option(help="Comma-separated node addresses (multi-node hostfile).")
+    ] = None,
+    interfaces: Annotated[
+        str | None, typer.Option(help="Comma-separated network interfaces for UCX/NCCL/MPI.")
+    ] = None,
+    launcher: Annotated[
+        Launcher, typer.Option(help="trtllm: native binaries or the NGC docker image.")
+    ] = Launcher.native,
+    image: Annotated[str | None, typer.Option(help="Docker image for --launcher docker.")] = None,
+    iter_stats: Annotated[
+        bool, typer.Option("--iter-stats", help="trtllm: enable_iter_perf_stats for /metrics.")
+    ] = False,
+    out: Annotated[Path | None, typer.Option(help="Folder for the YAML and scripts.")] = None,
+    examples_dir: Annotated[
+        str | None, typer.Option(help="TensorRT-LLM examples folder (ReDrafter build).")
+    ] = None,
+    calib_dataset: Annotated[
+        str | None, typer.Option(help="Calibration set for FP8 quantization (ReDrafter).")
+    ] = None,
+    health_timeout: Annotated[
+        float, typer.Option(min=1.0, help="Seconds to wait for GET /health.")
+    ] = 1800.0,
 ) -> None:
     """Start an OpenAI-compatible inference server."""
-    if engine is not EngineKind.embedded:
-        raise _not_yet(f"serve --engine {engine.value}")
-    from mathagent.serving.engine.config import EngineConfigError
-    from mathagent.serving.engine.loader import ModelLoadError
-    from mathagent.serving.engine.model import UnsupportedModelError
-    from mathagent.serving.server import serve as run_server
+    if engine is EngineKind.embedded:
+        from mathagent.serving.engine.config import EngineConfigError
+        from mathagent.serving.engine.loader import ModelLoadError
+        from mathagent.serving.engine.model import UnsupportedModelError
+        from mathagent.serving.server import serve as run_server
 
-    settings = Settings()
-    if speculative is not None:
-        settings.engine.speculative = speculative
+        settings = Settings()
+        if speculative is not None:
+            settings.engine.speculative = speculative
+        if dry_run:
+            typer.echo(f"embedded engine: model={model or settings.model or 'default'} port={port}")
+            return
+        try:
+            run_server(settings, model, host or settings.host, port)
+        except (EngineConfigError, ModelLoadError, UnsupportedModelError) as exc:
+            raise _fail(str(exc)) from exc
+        return
+    from mathagent.serving.launch import ServeRequest, build_plan, resolve_preset, run_plan
+    from mathagent.serving.plan import NoEquivalent
+    from mathagent.serving.process import ServeError
+
+    name = preset or "custom"
+    request = ServeRequest(
+        engine=engine.value,
+        preset=preset,
+        model=model,
+        speculative=speculative,
+        tp_size=tp_size,
+        max_draft_len=max_draft_len,
+        host=host,
+        port=None if port == ENGINE_PORT else port,  # a preset's own port wins over the default
+        nodes=_split(nodes),
+        interfaces=_split(interfaces),
+        iter_stats=iter_stats,
+        trtllm_version=trtllm_version,
+        launcher=launcher.value,
+        image=image,
+        calib_dataset=calib_dataset,
+        out=out or Settings().cache_dir / "serve" / f"{engine.value}-{name}",
+        health_timeout_s=health_timeout,
+        **({"examples_dir": examples_dir} if examples_dir else {}),
+    )
+    try:
+        plan, info = build_plan(request, resolve_preset(request))
+    except (NoEquivalent, KeyError, ValueError) as exc:
+        raise _fail(str(exc).strip("'\"")) from exc
+    written = plan.write_files()
+    for line in info:
+        typer.echo(f"# {line}")
+    typer.echo(f"# config folder: {request.out.resolve()}")
+    for path in written:
+        typer.echo(f"# wrote {path}")
+    typer.echo(plan.describe())
     if dry_run:
-        typer.echo(f"embedded engine: model={model or settings.model or 'default'} port={port}")
         return
     try:
-        run_server(settings, model, host or settings.host, port)
-    except (EngineConfigError, ModelLoadError, UnsupportedModelError) as exc:
+        code = run_plan(plan, lambda line: typer.echo(line, err=True), health_timeout)
+    except ServeError as exc:
         raise _fail(str(exc)) from exc
+    raise typer.Exit(code)
+
+
+def _split(value: str | None) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()] if value else []
 
 
 @app.command()
@@ -229,11 +312,20 @@ def sandbox_serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default loopback).")] = None,
 ) -> None:
     """Serve the sandbox HTTP API."""
+    import docker
     import uvicorn
 
+    from mathagent.sandbox.image import image_tag
     from mathagent.sandbox.service import create_app
 
     settings = Settings()
+    tag = image_tag(settings.sandbox)
+    try:
+        docker.from_env().images.get(tag)
+    except docker.errors.ImageNotFound as exc:
+        raise _fail(f"image {tag} is missing: run `mathagent sandbox build`") from exc
+    except docker.errors.DockerException as exc:
+        raise _fail(f"Docker is not available: {exc}") from exc
     app = create_app(settings.sandbox)
     uvicorn.run(app, host=host or settings.host, port=port, log_level="warning")
 

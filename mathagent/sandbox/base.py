@@ -33,7 +33,9 @@ class ExecResult(BaseModel):
         False, description="the session's container was replaced: earlier variables are gone"
     )
     duration_s: float = 0.0
-    truncated: bool = Field(False, description="stdout or stderr was cut at max_output_chars")
+    truncated: bool = Field(
+        False, description="stdout or stderr was cut at max_output_chars and ends in <output cut>"
+    )
 
 
 class ExecRequest(BaseModel):

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import docker
@@ -194,9 +196,7 @@ class Container:
             self._writer.close()
             self._writer = None
         try:
-            await _thread(lambda: self.api.remove_container(self.id, force=True))
-        except docker.errors.NotFound:
-            pass
+            await _thread(lambda: _remove(self.api, self.id))
         except Exception as exc:  # left for the orphan sweep of the next pool start
             log.warning("could not remove sandbox container %s: %s", self.id[:12], exc)
 
@@ -212,3 +212,45 @@ def describe_exit(oom_killed: bool, exit_code: int | None) -> str:
 
 async def _thread(fn: Callable[[], T]) -> T:
     return await asyncio.to_thread(fn)
+
+
+def owner_id(pid: int) -> str:
+    """``host:pid:start-time`` of a process: names the owner of a container across pid reuse."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        start = stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        start = "?"
+    return f"{socket.gethostname()}:{pid}:{start}"
+
+
+def _remove(api: docker.APIClient, container_id: str) -> None:
+    """Force-remove; a container already gone or already being removed counts as removed."""
+    try:
+        api.remove_container(container_id, force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if exc.status_code != 409:
+            raise
+
+
+def remove_labelled(client: docker.DockerClient, key: str, value: str) -> None:
+    """Remove every container labelled ``key=value``."""
+    for info in client.api.containers(all=True, filters={"label": f"{key}={value}"}):
+        _remove(client.api, info["Id"])
+
+
+def remove_orphans(client: docker.DockerClient) -> int:
+    """Remove sandbox containers whose owning process on this host is gone; returns the count."""
+    host = socket.gethostname()
+    removed = 0
+    for info in client.api.containers(all=True, filters={"label": LABEL}):
+        owner = info.get("Labels", {}).get(OWNER_LABEL, "")
+        owner_host, _, pid = owner.partition(":")
+        pid = pid.split(":")[0]
+        if owner_host != host or not pid.isdigit() or owner_id(int(pid)) == owner:
+            continue
+        _remove(client.api, info["Id"])
+        removed += 1
+    return removed

@@ -7,9 +7,11 @@ source). The final image carries a content-hash label so an up-to-date build is 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import re
+import shutil
 import subprocess
 import tarfile
 import tempfile
@@ -28,6 +30,7 @@ PACKAGES = ("python3", "python3-sympy", "python3-numpy", "python3-scipy", "pytho
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 HASH_LABEL = "mathagent.sandbox.hash"
 SANDBOX_UID = 1000
+BASE_RECIPE = 2  # bump when _debootstrap changes what goes into the base
 WORKER_PATH = "/opt/mathagent/worker.py"
 WORKER_SOURCE = Path(__file__).with_name("worker.py")
 
@@ -62,8 +65,8 @@ def image_tag(settings: SandboxSettings) -> str:
 
 
 def base_hash(mirror: str) -> str:
-    """Key of the debootstrap base: suite, mirror and package list."""
-    return _sha(f"{SUITE}\n{mirror}\n{' '.join(PACKAGES)}\n{SANDBOX_UID}")
+    """Key of the debootstrap base: suite, mirror, package list and recipe revision."""
+    return _sha(f"{BASE_RECIPE}\n{SUITE}\n{mirror}\n{' '.join(PACKAGES)}\n{SANDBOX_UID}")
 
 
 def content_hash(mirror: str) -> str:
@@ -89,12 +92,6 @@ def apt_mirror(sources_dir: Path = Path("/etc/apt")) -> str:
     return DEFAULT_MIRROR
 
 
-def image_is_current(client: docker.DockerClient, settings: SandboxSettings) -> bool:
-    """Whether the image exists and was built from the current worker and package list."""
-    want = content_hash(settings.debian_mirror or apt_mirror())
-    return _label(client, image_tag(settings)) == want
-
-
 def build_image(
     settings: SandboxSettings, force: bool = False, client: docker.DockerClient | None = None
 ) -> BuildReport:
@@ -110,7 +107,20 @@ def build_image(
     if base_built:
         _debootstrap_import(base, mirror)
     _build_layer(client, base, tag, want)
+    _prune(client, base)
     return BuildReport(tag, True, base_built, time.monotonic() - start)
+
+
+def _prune(client: docker.DockerClient, keep_base: str) -> None:
+    """Drop what earlier builds left: untagged worker layers, then outdated bases."""
+    for image in client.images.list(filters={"dangling": True, "label": HASH_LABEL}):
+        with contextlib.suppress(docker.errors.APIError):
+            client.images.remove(image.id)
+    repository = keep_base.split(":")[0]
+    for image in client.images.list(name=repository):
+        for old in (t for t in image.tags if t != keep_base):
+            with contextlib.suppress(docker.errors.APIError):
+                client.images.remove(old)
 
 
 def _debootstrap_import(tag: str, mirror: str) -> None:
@@ -139,9 +149,11 @@ def _debootstrap(root: Path, mirror: str) -> None:
         ]
     )
     _add_user(root)
-    # Downloaded .debs and apt lists are half the size and of no use in the sandbox.
+    # Downloaded .debs, apt lists and documentation are of no use in the sandbox.
     caches = [str(root / "var/cache/apt"), str(root / "var/lib/apt/lists")]
     _run(["find", *caches, "-type", "f", "-delete"])
+    for folder in ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale"):
+        shutil.rmtree(root / folder, ignore_errors=True)
 
 
 def _unmount_under(root: Path) -> None:

@@ -9,10 +9,8 @@ and run in threads.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import socket
 import time
 import uuid
 from collections import OrderedDict
@@ -32,11 +30,15 @@ from mathagent.sandbox.container import (
     ContainerSpec,
     WorkerDied,
     WorkerTimeout,
+    owner_id,
+    remove_labelled,
+    remove_orphans,
 )
 from mathagent.sandbox.image import image_tag
 
 log = logging.getLogger(__name__)
 EXPIRED_MEMORY = 10_000
+START_SLOTS = max(2, os.cpu_count() or 1)
 
 
 class SandboxError(RuntimeError):
@@ -70,27 +72,31 @@ class ContainerPool(Sandbox):
         self._tasks: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
         self._reaper: asyncio.Task | None = None
-        self._started = False
+        self._start_lock = asyncio.Lock()
+        self._start_slots = asyncio.Semaphore(START_SLOTS)
         self._closed = False
 
     async def start(self) -> None:
         """Check Docker and the image, sweep orphans, and begin filling the pool."""
-        if self._started:
-            return
-        self._started = True
-        try:
-            self._client = self._client or await asyncio.to_thread(docker.from_env)
+        async with self._start_lock:  # the first calls may arrive together
+            if self._spec is not None:
+                return
             tag = image_tag(self.settings)
-            await asyncio.to_thread(self._client.images.get, tag)
-        except docker.errors.ImageNotFound:
-            raise SandboxError(f"image {tag} is missing: run `mathagent sandbox build`") from None
-        except docker.errors.DockerException as exc:
-            raise SandboxError(f"Docker is not available: {exc}") from exc
-        await asyncio.to_thread(remove_orphans, self._client)
-        labels = {LABEL: "1", OWNER_LABEL: owner_id(os.getpid()), POOL_LABEL: uuid.uuid4().hex}
-        self._spec = ContainerSpec(tag, self.settings, labels)
-        self._spawn_task(self._refill_forever())
-        self._reaper = self._spawn_task(self._reap_idle_forever())
+            try:
+                self._client = self._client or await asyncio.to_thread(docker.from_env)
+                await asyncio.to_thread(self._client.images.get, tag)
+                await asyncio.to_thread(remove_orphans, self._client)
+            except docker.errors.ImageNotFound:
+                raise SandboxError(
+                    f"image {tag} is missing: run `mathagent sandbox build`"
+                ) from None
+            except docker.errors.DockerException as exc:
+                raise SandboxError(f"Docker is not available: {exc}") from exc
+            pool_id = uuid.uuid4().hex
+            labels = {LABEL: "1", OWNER_LABEL: owner_id(os.getpid()), POOL_LABEL: pool_id}
+            self._spec = ContainerSpec(tag, self.settings, labels)
+            self._spawn_task(self._refill_forever())
+            self._reaper = self._spawn_task(self._reap_idle_forever())
 
     async def __aenter__(self) -> ContainerPool:
         await self.start()
@@ -124,6 +130,8 @@ class ContainerPool(Sandbox):
         await self.start()
         session = self._session(req.session_id or uuid.uuid4().hex)
         async with session.lock:
+            # Closed while this call waited for the lock: it runs in a new session of that id.
+            self._sessions.setdefault(session.id, session)
             start = time.monotonic()
             result = await self._run(session, req)
             result.duration_s = time.monotonic() - start
@@ -211,9 +219,14 @@ class ContainerPool(Sandbox):
         assert self._client is not None and self._spec is not None
         self._starting += 1
         try:
-            return await Container.start(
-                self._client.api, self._spec, self.settings.start_timeout_s
-            )
+            # Starts share the CPU: a few at a time finish sooner than all at once.
+            async with self._start_slots:
+                return await Container.start(
+                    self._client.api, self._spec, self.settings.start_timeout_s
+                )
+        except TimeoutError:
+            limit = self.settings.start_timeout_s
+            raise SandboxError(f"a sandbox container was not ready within {limit:g} s") from None
         except docker.errors.DockerException as exc:
             raise SandboxError(f"could not start a sandbox container: {exc}") from exc
         finally:
@@ -293,35 +306,3 @@ def _crash_lines(diagnostics: str) -> str:
         if line.startswith("Fatal Python error") or "<cell-" in line
     ]
     return "".join(f"{line}\n" for line in keep)
-
-
-def owner_id(pid: int) -> str:
-    """``host:pid:start-time`` of a process: names the owner of a container across pid reuse."""
-    try:
-        start = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        start = "?"
-    return f"{socket.gethostname()}:{pid}:{start}"
-
-
-def remove_labelled(client: docker.DockerClient, key: str, value: str) -> None:
-    """Remove every container labelled ``key=value``."""
-    for info in client.api.containers(all=True, filters={"label": f"{key}={value}"}):
-        with contextlib.suppress(docker.errors.NotFound):
-            client.api.remove_container(info["Id"], force=True)
-
-
-def remove_orphans(client: docker.DockerClient) -> int:
-    """Remove sandbox containers whose owning process on this host is gone; returns the count."""
-    host = socket.gethostname()
-    removed = 0
-    for info in client.api.containers(all=True, filters={"label": LABEL}):
-        owner = info.get("Labels", {}).get(OWNER_LABEL, "")
-        owner_host, _, pid = owner.partition(":")
-        pid = pid.split(":")[0]
-        if owner_host != host or not pid.isdigit() or owner_id(int(pid)) == owner:
-            continue
-        with contextlib.suppress(docker.errors.NotFound):
-            client.api.remove_container(info["Id"], force=True)
-            removed += 1
-    return removed

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import faulthandler
 import importlib
 import io
@@ -27,6 +28,7 @@ import time
 import traceback
 
 MAX_FRAME = 64 * 1024 * 1024
+OUTPUT_CUT = "<output cut>"
 
 
 class CellTimeout(BaseException):
@@ -48,9 +50,11 @@ class Capture:
             self.data += chunk[:room]
 
     def text(self, max_chars: int) -> tuple[str, bool]:
+        """The first ``max_chars`` characters, marked as NeMo-Skills marks a cut output."""
         text = self.data.decode("utf-8", "replace")
-        cut = self.total > len(self.data) or len(text) > max_chars
-        return text[:max_chars], cut
+        if self.total > len(self.data) or len(text) > max_chars:
+            return text[:max_chars] + OUTPUT_CUT, True
+        return text, False
 
 
 class StreamSink(io.RawIOBase):
@@ -84,18 +88,17 @@ class Worker:
         self.proto_in = os.fdopen(os.dup(0), "rb")
         self.proto_out = os.dup(1)
         self.fault_file = os.fdopen(os.dup(2), "w")
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        self.pipes = []
-        for fd in (1, 2):
+        # Private copies of /dev/null and the pipes' write ends: each cell re-points 0, 1, 2 at
+        # them, so a cell that closed or redirected those descriptors harms only itself.
+        self.null = os.open(os.devnull, os.O_RDONLY)
+        self.pipes, self.pipe_ends = [], []
+        for _ in (1, 2):
             r, w = os.pipe()
-            os.dup2(w, fd)
-            os.close(w)
             os.set_blocking(r, False)
             self.pipes.append(r)
+            self.pipe_ends.append(w)
+        self._plumb()
         faulthandler.enable(file=self.fault_file, all_threads=False)
-        self.stdout, self.stderr = (_text_stream(StreamSink(self, i)) for i in (0, 1))
         signal.signal(signal.SIGALRM, self._on_alarm)
         self.pid = os.getpid()
         os.register_at_fork(after_in_child=self._after_fork)
@@ -107,8 +110,14 @@ class Worker:
         self.proto_in.close()
         os.close(self.proto_out)
         self.captures = None
-        self.stdout = sys.stdout = open(1, "w", closefd=False, buffering=1)
-        self.stderr = sys.stderr = open(2, "w", closefd=False, buffering=1)
+        self.stdout = sys.stdout = open(1, "w", closefd=False, buffering=1)  # noqa: SIM115
+        self.stderr = sys.stderr = open(2, "w", closefd=False, buffering=1)  # noqa: SIM115
+
+    def _plumb(self) -> None:
+        """Fresh standard descriptors and streams for the next cell."""
+        for fd, target in zip((0, 1, 2), (self.null, *self.pipe_ends), strict=True):
+            os.dup2(target, fd)
+        self.stdout, self.stderr = (_text_stream(StreamSink(self, i)) for i in (0, 1))
 
     def add(self, index: int, data: bytes) -> None:
         if self.captures is not None:
@@ -169,6 +178,7 @@ class Worker:
 
     def _execute(self, code: str, timeout: float) -> str:
         self.cells += 1
+        self._plumb()
         filename = f"<cell-{self.cells}>"
         linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
         sys.stdout, sys.stderr, sys.stdin = self.stdout, self.stderr, io.StringIO()
@@ -201,10 +211,8 @@ class Worker:
     def _end_cell(self) -> None:
         """Flush the streams, collect what the pipes hold, and end leftover processes."""
         for stream in (self.stdout, self.stderr, sys.__stdout__, sys.__stderr__):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
         sys.stdout, sys.stderr = self.stdout, self.stderr
         if self.reap:
             _kill_leftovers()
@@ -270,10 +278,8 @@ def _kill_leftovers() -> None:
 def _preload(names: str) -> None:
     """Import heavy modules once while the container waits in the pool."""
     for name in filter(None, names.split(",")):
-        try:
+        with contextlib.suppress(Exception):  # a missing module only costs its later import
             importlib.import_module(name.strip())
-        except Exception:
-            pass
 
 
 def main(argv: list[str]) -> None:
