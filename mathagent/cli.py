@@ -377,7 +377,9 @@ def train_drafter(
         Path | None,
         typer.Option(help="JSONL of prompts/problems: first write --data from the base itself."),
     ] = None,
-    distill_tokens: Annotated[int, typer.Option(min=1, help="Tokens per self-distilled text.")] = 256,
+    distill_tokens: Annotated[
+        int, typer.Option(min=1, help="Tokens per self-distilled text.")
+    ] = 256,
     distill_skip: Annotated[int, typer.Option(min=0, help="Skip the first K records.")] = 0,
     distill_limit: Annotated[int | None, typer.Option(min=1, help="Use at most K records.")] = None,
     distill_budget_s: Annotated[
@@ -388,7 +390,9 @@ def train_drafter(
     exit_dim: Annotated[
         int | None, typer.Option(min=1, help="Own vocab head of this width (default: tied).")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the final metrics as JSON.")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the final metrics as JSON.")
+    ] = False,
 ) -> None:
     """Train a ReDrafter head on a frozen base model."""
     import logging

@@ -34,7 +34,7 @@ class _SamplingFields(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: Any = None
-    speculative: str | None = None  # extra: this request's method (none | ngram | draft:PATH | redrafter:PATH)
+    speculative: str | None = None  # extra field: this request's speculative method
 
     @field_validator("n")
     @classmethod

@@ -8,7 +8,6 @@ their marginals are compared with the exact ones computed from the target.
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ from mathagent.serving.engine.speculative import SpecMethod
 from tests.serving.stats import chi_square_p
 
 PROMPT = [5, 17, 99, 3]
-SAMPLES = 1500
+SAMPLES = 1200
 PARAMS = dict(temperature=0.9, top_k=4, top_p=0.95)
 
 
@@ -35,14 +34,14 @@ def tiny_engine() -> LLMEngine:
     config = EngineConfig.from_settings(settings, "random:tiny")
     loaded = load_model("random:tiny", Path("/nonexistent"), config.device, config.dtype)
     with torch.no_grad():
-        loaded.model.output.weight.mul_(60.0)  # peaked distributions: few tokens carry the mass
+        loaded.model.output.weight.mul_(12.0)  # peaked distributions: few tokens carry the mass
     engine = LLMEngine(config, Path("/nonexistent"), loaded)
     draft = load_model("random:tiny", Path("/nonexistent"), config.device, config.dtype).model
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for p in draft.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.02)
-        draft.output.weight.mul_(60.0)
+        draft.output.weight.mul_(12.0)
     engine.speculator.register(
         SpecMethod("draft", "tiny"), DraftModelProposer(draft_runner(draft, engine.runner))
     )
@@ -51,7 +50,7 @@ def tiny_engine() -> LLMEngine:
         DrafterConfig(vocab_size=1024, hidden_size=64, exit_dim=128, num_draft_layers=1)
     )
     with torch.no_grad():
-        drafter.lm_head[-1].weight.mul_(40.0)
+        drafter.lm_head[-1].weight.mul_(4.0)
     emb = engine.runner.model.tok_embeddings.weight
     engine.speculator.register(SpecMethod("redrafter", "tiny"), ReDrafterProposer(drafter, emb, 2))
     return engine
@@ -112,4 +111,3 @@ def test_a_drafter_that_always_wins_would_fail_this_test(tiny_engine) -> None:
     q = Sampler.probs(logits[:, -1], SamplingBatch.build([params], [None], torch.device("cpu")))[0]
     counts = (q * SAMPLES).round()
     assert chi_square_p(counts, _next_probs(tiny_engine, PROMPT)) < 0.01
-    assert list(itertools.islice(iter(counts.nonzero()), 1))

@@ -18,7 +18,7 @@ from mathagent.serving.engine.config import SamplingParams
 
 from .conftest import PROMPTS
 
-MAX_NEW = 20
+MAX_NEW = 16
 SHIPPED_DRAFTER = (
     Path(__file__).resolve().parents[2] / "mathagent/serving/drafters/SmolLM2-135M-Instruct"
 )
@@ -76,6 +76,8 @@ def test_greedy_speculation_is_token_identical(engine, plain, layer_skip_draft, 
 
 
 def test_engine_counts_acceptance_overall(engine) -> None:
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, speculative="ngram")
+    engine.generate(["1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"], params)
     stats = engine.speculator.stats.as_dict()
     assert stats["drafted_tokens"] >= stats["accepted_tokens"] > 0
     assert len(stats["per_position_acceptance"]) >= 1
@@ -84,3 +86,27 @@ def test_engine_counts_acceptance_overall(engine) -> None:
 def test_unknown_method_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="none \\| ngram"):
         SamplingParams(speculative="medusa")
+
+
+def test_generate_cli_reports_acceptance_and_bad_drafters() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MATHAGENT_ENGINE__DEVICE": "cpu", "MATHAGENT_ENGINE__MAX_SEQ_LEN": "256"}
+    cmd = [sys.executable, "-m", "mathagent", "generate", "1, 2, 3, 1, 2, 3, 1, 2, 3, 1,"]
+    done = subprocess.run(
+        [*cmd, "--max-tokens", "12", "--speculative", "ngram", "--json"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["acceptance_length"] > 1.0
+    assert out["drafted_tokens"] >= out["accepted_tokens"] > 0
+    assert out["per_position_acceptance"]
+    bad = subprocess.run(
+        [*cmd, "--speculative", "redrafter:/nonexistent/drafter"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert bad.returncode != 0
+    assert "cannot load ReDrafter" in bad.stderr and "Traceback" not in bad.stderr

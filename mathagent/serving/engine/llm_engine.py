@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 
-from mathagent.serving.engine.config import EngineConfig, SamplingParams
+from mathagent.serving.engine.config import EngineConfig, EngineConfigError, SamplingParams
 from mathagent.serving.engine.detokenizer import Detokenizer
 from mathagent.serving.engine.loader import LoadedModel, load_model
 from mathagent.serving.engine.model_runner import ModelRunner
 from mathagent.serving.engine.scheduler import ScheduledBatch, Scheduler
 from mathagent.serving.engine.sequence import RequestMetrics, RequestOutput, Sequence
-from mathagent.serving.engine.speculative import SpecMethod, Speculator
+from mathagent.serving.engine.speculative import SpecMethod, SpecMethodError, Speculator
 
 
 class PromptError(ValueError):
@@ -56,6 +56,10 @@ class LLMEngine:
             config.draft_beams,
             model_dir,
         )
+        try:  # a drafter that cannot load is a startup error, not a failed step later
+            self.speculator.proposer(self.speculator.default)
+        except SpecMethodError as exc:
+            raise EngineConfigError(str(exc)) from exc
         self._seqs: dict[str, Sequence] = {}
         self._ids = itertools.count()
 
@@ -84,6 +88,8 @@ class LLMEngine:
     ) -> Sequence:
         """Validate and tokenise a request without queueing it (safe from any thread)."""
         ids = self.encode(prompt)
+        if params.speculative is not None:  # load (once) now: a bad drafter is the request's error
+            self.speculator.proposer(SpecMethod.parse(params.speculative))
         detok = Detokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
         rid = request_id or f"req-{next(self._ids)}"
         return Sequence(rid, ids, params, detok, self.loaded.eos_token_ids)

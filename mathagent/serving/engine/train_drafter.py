@@ -14,7 +14,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -99,34 +99,68 @@ class Features:
     """Teacher-forced base outputs for one sequence."""
 
     hidden: Tensor  # [T, H] bf16 final hidden states
-    tokens: Tensor  # [T] int64
-    start: int
+    tokens: Tensor  # [T] int64 the text
+    preds: Tensor  # [T] int64 the base's greedy next token at each position
+    start: int  # first completion token (held-out metrics read only the completion)
+    train_from: int  # first position worth training on (shared prompt prefixes count once)
 
 
-def collect_features(hidden_fn: HiddenFn, examples: Iterable[Example]) -> list[Features]:
-    """Run the frozen base over every example once."""
-    out = []
+def collect_features(
+    hidden_fn: HiddenFn, embedding: Tensor, examples: list[Example]
+) -> list[Features]:
+    """Run the frozen base over every example once; keep hidden states and greedy predictions.
+
+    The labels are the base's own predictions (equal to the text where the text is the base's
+    greedy output), so prompt text teaches the drafter too: that is where the target stands
+    when verification accepts. A prompt prefix shared with an earlier example trains once.
+    """
+    out: list[Features] = []
+    prev: list[int] = []
     for ex in examples:
         with torch.inference_mode():
             h = hidden_fn(ex.tokens)
-        out.append(Features(h.to(torch.bfloat16), torch.tensor(ex.tokens), ex.start))
+            preds = torch.cat([(c.float() @ embedding.T).argmax(-1) for c in h.split(256)])
+        shared = _common_prefix(prev, ex.tokens)
+        prev = ex.tokens
+        train_from = min(shared, ex.start) if out else 0
+        out.append(
+            Features(h.to(torch.bfloat16), torch.tensor(ex.tokens), preds, ex.start, train_from)
+        )
     return out
 
 
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def engine_hidden_fn(runner: ModelRunner, chunk: int = 256) -> HiddenFn:
-    """Final hidden states of the engine's model over a token list (slot 0, chunked prefill)."""
+    """Final hidden states of the engine's model over a token list (slot 0, chunked prefill).
+
+    Consecutive calls that share a prefix reuse its K/V (still in slot 0) and its hidden states,
+    so a few-shot prompt common to all examples is computed once.
+    """
+    last: dict[str, list] = {"tokens": [], "hidden": []}
 
     def hidden(tokens: list[int]) -> Tensor:
         if len(tokens) > runner.max_seq_len:
             raise ValueError(f"a training sequence of {len(tokens)} tokens exceeds the context")
-        parts = []
-        for start in range(0, len(tokens), chunk):
+        # keep at least one token to recompute, so the result is never empty
+        reuse = min(_common_prefix(last["tokens"], tokens), len(tokens) - 1)
+        parts = [t[:reuse] for t in last["hidden"][:1]] if reuse else []
+        for start in range(reuse, len(tokens), chunk):
             piece = tokens[start : start + chunk]
             toks = torch.tensor([piece], device=runner.device)
             pos = torch.arange(start, start + len(piece), device=runner.device)[None]
             _, h = runner.forward(toks, pos, [0], hidden_only=True)
             parts.append(h[0].float().cpu())
-        return torch.cat(parts)
+        out = torch.cat(parts)
+        last["tokens"], last["hidden"] = list(tokens), [out]
+        return out
 
     return hidden
 
@@ -194,25 +228,30 @@ def drafter_loss(
     steps: int,
     top_k: int,
     vocab: Tensor | None = None,
+    completion_only: bool = False,
 ) -> tuple[Tensor, dict[str, tuple[float, int]]]:
     """Loss summed over draft steps, and per-step (correct, count) for top-1 / top-k.
 
-    ``vocab`` [S] (sorted ids) restricts the softmax to the training text's own tokens: the
-    vocabulary projection dominates the cost, and tokens the text never uses carry no signal.
-    Evaluation passes None (the full vocabulary).
+    Step i at position t reads the text up to t + 1 + i and must name the base's greedy token
+    after it (``preds[t + 1 + i]``). ``vocab`` [S] (sorted ids) restricts the softmax to the
+    tokens the labels use: the vocabulary projection dominates the cost, and tokens never
+    used carry no signal. Evaluation passes None (the full vocabulary) and ``completion_only``.
     """
-    hidden = feats.hidden.float()[None]
-    toks = feats.tokens
+    first_label = feats.start if completion_only else feats.train_from
+    # positions before first_label - 2 predict no kept label, and the drafter never looks back
+    offset = max(first_label - 2, 0)
+    hidden = feats.hidden[offset:].float()[None]
+    toks, preds = feats.tokens[offset:], feats.preds[offset:]
+    first_label -= offset
     xs = drafter.teacher_forced_features(hidden, embedding[toks][None], steps)
     head = drafter.lm_head[-1].weight
     w = head if vocab is None else head[vocab]
     loss = hidden.new_zeros(())
     stats: dict[str, tuple[float, int]] = {}
     for i, x in enumerate(xs):
-        labels = toks[2 + i :]
-        # position t predicts t + 2 + i; keep labels inside the completion
-        first = max(feats.start - 2 - i, 0)
-        x, labels = x[0, first : labels.numel()], labels[first:]
+        labels = preds[1 + i :]  # label of position t is the base's token at t + 2 + i
+        lo = max(first_label - 2 - i, 0)
+        x, labels = x[0, lo : labels.numel()], labels[lo:]
         if labels.numel() == 0:
             continue
         logits = x @ w.T
@@ -238,7 +277,7 @@ def evaluate(
     totals: dict[str, list[float]] = {}
     with torch.no_grad():
         for f in feats:
-            _, stats = drafter_loss(drafter, embedding, f, cfg.draft_len, cfg.top_k)
+            _, stats = drafter_loss(drafter, embedding, f, cfg.draft_len, cfg.top_k, None, True)
             for key, (hit, n) in stats.items():
                 acc = totals.setdefault(key, [0.0, 0.0])
                 acc[0] += hit
@@ -287,8 +326,8 @@ def train(
     n_eval = max(1, math.ceil(cfg.holdout * len(examples))) if len(examples) > 1 else 0
     embedding = embedding.float()
     t0 = time.perf_counter()
-    train_feats = collect_features(hidden_fn, examples[n_eval:])
-    eval_feats = collect_features(hidden_fn, examples[:n_eval]) or train_feats
+    train_feats = collect_features(hidden_fn, embedding, examples[n_eval:])
+    eval_feats = collect_features(hidden_fn, embedding, examples[:n_eval]) or train_feats
     report(
         {
             "event": "features",
@@ -296,7 +335,7 @@ def train(
             "seconds": round(time.perf_counter() - t0, 1),
         }
     )
-    vocab = torch.cat([f.tokens for f in train_feats]).unique()  # sorted
+    vocab = torch.cat([f.preds for f in train_feats]).unique()  # sorted
     drafter = new_drafter(embedding, cfg)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)

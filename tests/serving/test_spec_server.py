@@ -1,0 +1,72 @@
+"""Per-request speculation over HTTP: the extra request field, the response field, /metrics."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from mathagent.serving.server import create_app
+
+PROMPT = "1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"
+
+
+@pytest.fixture(scope="module")
+def base_url(engine):
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(engine), host="127.0.0.1", port=0, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+def test_request_field_selects_the_method_and_reports_acceptance(base_url, engine) -> None:
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="EMPTY", max_retries=0)
+    plain = client.completions.create(
+        model=engine.model_name, prompt=PROMPT, max_tokens=12, temperature=0
+    )
+    spec = client.completions.create(
+        model=engine.model_name,
+        prompt=PROMPT,
+        max_tokens=12,
+        temperature=0,
+        extra_body={"speculative": "ngram"},
+    )
+    assert spec.choices[0].text == plain.choices[0].text
+    stats = spec.model_extra["speculative"]
+    assert stats["drafted_tokens"] >= stats["accepted_tokens"] > 0
+    assert stats["acceptance_length"] > 1.0
+    assert 1 <= len(stats["per_position_acceptance"]) <= engine.config.draft_len
+    assert "speculative" not in (plain.model_extra or {})
+    metrics = httpx.get(f"{base_url}/metrics").text
+    drafted = next(
+        line
+        for line in metrics.splitlines()
+        if line.startswith("mathagent_spec_draft_tokens_total")
+    )
+    assert float(drafted.split()[-1]) >= stats["drafted_tokens"]
+    assert 'mathagent_spec_position_acceptance{model_name="' in metrics
+
+
+def test_unknown_method_is_400(base_url) -> None:
+    body = {"prompt": "hi", "max_tokens": 2, "speculative": "medusa"}
+    resp = httpx.post(f"{base_url}/v1/completions", json=body)
+    assert resp.status_code == 400
+    assert "ngram" in resp.text
+
+
+def test_a_drafter_that_cannot_load_is_400(base_url) -> None:
+    body = {"prompt": "hi", "max_tokens": 2, "speculative": "redrafter:/nonexistent/drafter"}
+    resp = httpx.post(f"{base_url}/v1/completions", json=body)
+    assert resp.status_code == 400
+    assert "ReDrafter" in resp.text
