@@ -16,7 +16,9 @@ import asyncio
 import json
 import socket
 import statistics
+import sys
 import time
+from collections import Counter
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -42,8 +44,11 @@ async def split_wall_time(solver: Solver, problems: list[dict], max_tokens: int)
     """Sequential solves; sums of each part of the wall time."""
     parts = dict.fromkeys(("total_s", "model_s", "sandbox_s", "agent_s"), 0.0)
     correct = tool_calls = tokens = 0
-    for p in problems:
+    for i, p in enumerate(problems):
         result = await solver.solve(p["problem"], SolveOptions(max_tokens=max_tokens, seed=0))
+        print(
+            f"problem {i}: {result.timing.total_s:.1f} s, answer {result.answer}", file=sys.stderr
+        )
         for key in parts:
             parts[key] += getattr(result.timing, key)
         correct += bool(result.answer) and normalize(result.answer) == normalize(p["answer"])
@@ -92,11 +97,13 @@ async def concurrent_http(solver: Solver, settings: Settings, n: int, max_tokens
         b.get("error") or next((x["error"] for x in b["samples"] if x["error"]), None) for b in ok
     ]
     latencies = sorted(t for *_, t in replies)
+    kinds = Counter(e[:160] for e in errors if e)
     return {
         "requests": n,
         "completed_200": len(ok),
         "http_errors": n - len(ok),
         "result_errors": sum(e is not None for e in errors),
+        "error_kinds": dict(kinds),
         "answers_correct": sum(b["answer"] == LOAD_ANSWER for b in ok),
         "wall_s": round(wall, 2),
         "latency_p50_s": round(statistics.median(latencies), 2),
@@ -117,7 +124,9 @@ async def main(args: argparse.Namespace) -> dict:
             base_url, model = server.base_url, server.model_name
         sandbox = await stack.enter_async_context(open_sandbox(settings))
         solver = build_solver(settings, base_url, model, sandbox)
-        split = await split_wall_time(solver, load_problems(args.problems), args.max_tokens)
+        split = None
+        if args.problems:
+            split = await split_wall_time(solver, load_problems(args.problems), args.max_tokens)
         load = await concurrent_http(solver, settings, args.concurrency, args.max_tokens)
     return {
         "model": model,

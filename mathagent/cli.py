@@ -342,10 +342,86 @@ def eval_(
     limit: Annotated[int | None, typer.Option(min=1, help="First K problems only.")] = None,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible endpoint.")] = None,
     model: Annotated[str | None, typer.Option(help="Model name (or path when embedded).")] = None,
+    temperature: Annotated[
+        float | None, typer.Option(min=0.0, help="Sampling temperature.")
+    ] = None,
+    max_tokens: Annotated[int | None, typer.Option(min=1, help="Tokens per generation.")] = None,
+    max_tool_calls: Annotated[int | None, typer.Option(min=0, help="Code executions.")] = None,
+    prompt_format: Annotated[
+        str | None, typer.Option(help="auto | openmath | qwen | gpt-oss | fewshot")
+    ] = None,
+    column: Annotated[
+        list[str] | None, typer.Option(help="FIELD=COLUMN for id/problem/answer, repeatable.")
+    ] = None,
+    modulo: Annotated[
+        int | None, typer.Option(min=2, help="Grade integer answers modulo this (AIMO: 1000).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Evaluate the agent on a dataset; writes results.jsonl, summary.json, report.html."""
-    raise _not_yet("eval")
+    import asyncio
+
+    from mathagent.evals.eval_command import EvalRequest, run_eval_command
+
+    overrides = {
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+        "max_tool_calls": max_tool_calls,
+        "prompt_format": prompt_format,
+    }
+    request = EvalRequest(
+        dataset=dataset,
+        out=out,
+        samples=samples,
+        concurrency=concurrency,
+        tools=not no_tools,
+        limit=limit,
+        columns=_columns(column),
+        modulo=modulo,
+        progress=not as_json,
+    )
+    settings = _settings_with(base_url, model, overrides)
+    try:
+        summary = asyncio.run(run_eval_command(request, settings))
+    except (ValueError, RuntimeError, OSError) as exc:
+        raise _fail(str(exc)) from exc
+    _print_summary(summary, out, as_json)
+    if summary.get("num_failed"):
+        raise _fail(f"{summary['num_failed']} samples failed (see the log); re-run to retry them")
+
+
+def _columns(specs: list[str] | None) -> dict[str, str]:
+    columns = {}
+    for spec in specs or []:
+        key, sep, name = spec.partition("=")
+        if not sep or not key or not name:
+            raise _fail(f"--column wants FIELD=COLUMN, got {spec!r}")
+        columns[key.strip()] = name.strip()
+    return columns
+
+
+def _settings_with(base_url: str | None, model: str | None, agent: dict) -> Settings:
+    top = {k: v for k, v in {"base_url": base_url, "model": model}.items() if v is not None}
+    settings = Settings(**top)
+    updates = {k: v for k, v in agent.items() if v is not None}
+    if updates:
+        merged = {**settings.agent.model_dump(), **updates}
+        settings.agent = type(settings.agent).model_validate(merged)
+    return settings
+
+
+def _print_summary(summary: dict, out: Path, as_json: bool) -> None:
+    if as_json:
+        _print_json(summary)
+        return
+    keys = [k for k in summary if k.startswith(("pass@", "majority@"))]
+    keys += ["no_answer", "avg_tokens", "tool_calls_per_solution", "tokens_per_s"]
+    keys += ["latency_p50_s", "acceptance_length", "num_entries", "num_samples", "num_failed"]
+    for key in keys:
+        if key in summary:
+            value = summary[key]
+            typer.echo(f"{key:28} {value:.2f}" if isinstance(value, float) else f"{key:28} {value}")
+    typer.echo(f"report: {out / 'report.html'}")
 
 
 @app.command()
@@ -354,16 +430,53 @@ def bench(
     dataset: Annotated[str, typer.Option(help="Dataset path or name.")],
     out: Annotated[Path, typer.Option(help="Output folder.")],
     limit: Annotated[int | None, typer.Option(min=1, help="First K problems only.")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, help="Requests in flight.")] = 4,
+    max_tokens: Annotated[int, typer.Option(min=1, help="Tokens per request.")] = 1024,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 0.0,
+    model: Annotated[
+        str | None, typer.Option(help="Model name (default: the endpoint's first).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON.")] = False,
 ) -> None:
     """Compare serving configurations on the same problems."""
-    raise _not_yet("bench")
+    import asyncio
+
+    from mathagent.evals.bench import BenchConfig, BenchError, Endpoint, run_bench
+    from mathagent.evals.datasets import DatasetError, load_dataset
+
+    settings = Settings()
+    try:
+        endpoints = [Endpoint.parse(spec) for spec in endpoint]
+        problems = load_dataset(dataset, data_dir=settings.data_dir, limit=limit)
+        config = BenchConfig(out, concurrency, max_tokens, temperature, model)
+        table = asyncio.run(run_bench(endpoints, problems, config, meta={"dataset": dataset}))
+    except (BenchError, DatasetError) as exc:
+        raise _fail(str(exc)) from exc
+    if as_json:
+        _print_json(table)
+        return
+    for row in table["rows"]:
+        acceptance = row["acceptance_length"]
+        typer.echo(
+            f"{row['name']:12} {row['total_generation_s']:8.1f} s  "
+            f"{row['batch_tokens_per_s']:8.1f} tok/s  "
+            f"{row['per_request_tokens_per_s']:6.1f} ± {row['per_request_tokens_per_s_sd']:.1f} "
+            f"tok/s/req  TTFT {row['ttft_s']:.3f} s  "
+            f"acc.len {'n/a' if acceptance is None else f'{acceptance:.2f}'}  "
+            f"accuracy {row['accuracy']:.1f}%"
+        )
+    typer.echo(f"report: {out / 'report.html'}")
 
 
 @app.command()
 def report(out: Annotated[Path, typer.Argument(help="An eval or bench output folder.")]) -> None:
     """Rebuild report.html for an eval or bench folder."""
-    raise _not_yet("report")
+    from mathagent.evals.report import write_report
+
+    try:
+        typer.echo(str(write_report(out)))
+    except (FileNotFoundError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
 
 
 @app.command("train-drafter")

@@ -14,7 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mathagent.sandbox.base import ExecResult, ExecStatus
+
 OUTPUT_CUT = "<output cut>"
+STATE_LOST = (
+    "Note: the Python session was restarted before this code ran; variables, functions and "
+    "imports from earlier code blocks are gone. Define them again if you need them.\n"
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,29 @@ def cut(text: str, limit: int) -> str:
     if len(body) <= limit:
         return text
     return body[:limit] + OUTPUT_CUT
+
+
+def _cut_stream(text: str, limit: int, truncated: bool) -> str:
+    # The sandbox cuts at the limit without a marker and flags it; a stream at the limit is it.
+    if truncated and len(text) >= limit and not text.endswith(OUTPUT_CUT):
+        return text[:limit] + OUTPUT_CUT
+    return cut(text, limit)
+
+
+def feedback_text(res: ExecResult, max_chars: int, timeout_s: float) -> str:
+    """What the model reads after its code ran: output cut at ``max_chars``, plus status text."""
+    body = _cut_stream(res.stdout, max_chars, res.truncated) + _cut_stream(
+        res.stderr, max_chars, res.truncated
+    )
+    if body and not body.endswith("\n"):
+        body += "\n"
+    if res.status == ExecStatus.timeout:
+        body += (
+            f"TimeoutError: the code did not finish within {timeout_s:g} seconds and was stopped.\n"
+        )
+    elif res.status == ExecStatus.memory_limit:
+        body += "MemoryError: the code ran out of memory and was stopped.\n"
+    return (STATE_LOST if res.state_lost else "") + body
 
 
 OPENMATH = CodeFormat(

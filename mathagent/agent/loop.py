@@ -25,16 +25,12 @@ from mathagent.agent.events import (
     ToolCallEvent,
     ToolResultEvent,
 )
-from mathagent.agent.formats import ChunkSplitter, CodeFormat, cut
+from mathagent.agent.formats import ChunkSplitter, CodeFormat, feedback_text
 from mathagent.agent.llm import LLM, NOT_REPORTED, DeadlineExceeded, Finish, GenParams, LLMError
 from mathagent.agent.prompts import PromptTemplate
 from mathagent.agent.result import SampleResult, Timing, ToolCall, Usage
-from mathagent.sandbox.base import ExecResult, ExecStatus, Sandbox
+from mathagent.sandbox.base import ExecResult, Sandbox
 
-STATE_LOST = (
-    "Note: the Python session was restarted before this code ran; variables, functions and "
-    "imports from earlier code blocks are gone. Define them again if you need them.\n"
-)
 # How long past its own time limit a sandbox call may take before the loop gives up on it.
 SANDBOX_GRACE_S = 30.0
 
@@ -58,20 +54,8 @@ class SampleParams:
     remaining_notice: bool = False
     stop_on_answer: bool = True
     wall_time_s: float = 600.0
-
-
-def feedback_text(res: ExecResult, max_chars: int, timeout_s: float) -> str:
-    """What the model reads after its code ran: output cut at ``max_chars``, plus status text."""
-    body = cut(res.stdout, max_chars) + cut(res.stderr, max_chars)
-    if body and not body.endswith("\n"):
-        body += "\n"
-    if res.status == ExecStatus.timeout:
-        body += (
-            f"TimeoutError: the code did not finish within {timeout_s:g} seconds and was stopped.\n"
-        )
-    elif res.status == ExecStatus.memory_limit:
-        body += "MemoryError: the code ran out of memory and was stopped.\n"
-    return (STATE_LOST if res.state_lost else "") + body
+    sandbox_retries: int = 3
+    backoff_s: float = 0.5
 
 
 class SampleLoop:
@@ -248,9 +232,26 @@ class SampleLoop:
         yield ToolResultEvent(sample=self.index, index=index, call=call, output=output)
 
     async def _execute(self, code: str) -> ExecResult:
+        """Run ``code``; failures of the sandbox itself (not of the code) are retried."""
+        assert self.deadline is not None
+        p, started = self.params, time.perf_counter()
+        try:
+            for attempt in range(p.sandbox_retries + 1):
+                try:
+                    return await self._execute_once(code)
+                except SandboxFailure:
+                    delay = p.backoff_s * 2**attempt
+                    late = asyncio.get_running_loop().time() + delay >= self.deadline
+                    if attempt == p.sandbox_retries or late:
+                        raise
+                    await asyncio.sleep(delay)
+            raise AssertionError("unreachable")
+        finally:
+            self._sandbox_s += time.perf_counter() - started
+
+    async def _execute_once(self, code: str) -> ExecResult:
         assert self.sandbox is not None and self.deadline is not None
         loop, p = asyncio.get_running_loop(), self.params
-        started = time.perf_counter()
         limit = min(loop.time() + p.code_timeout_s + SANDBOX_GRACE_S, self.deadline)
         try:
             async with asyncio.timeout_at(limit):
@@ -268,8 +269,6 @@ class SampleLoop:
             ) from exc
         except Exception as exc:
             raise SandboxFailure(f"the sandbox failed: {type(exc).__name__}: {exc}") from exc
-        finally:
-            self._sandbox_s += time.perf_counter() - started
         self.session_id = res.session_id
         return res
 

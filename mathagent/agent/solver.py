@@ -78,6 +78,8 @@ class Solver:
             remaining_notice=s.remaining_notice,
             stop_on_answer=s.stop_on_answer,
             wall_time_s=o.wall_time_s or s.wall_time_s,
+            sandbox_retries=s.retries,
+            backoff_s=s.backoff_s,
         )
         early = s.early_stop if o.early_stop is None else o.early_stop
         return params, o.samples or s.samples, early

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from mathagent.agent.events import DoneEvent, TextEvent, ToolCallEvent, ToolResultEvent
-from mathagent.agent.formats import remaining_notice
-from mathagent.agent.loop import STATE_LOST, SampleLoop, SampleParams
+from mathagent.agent.formats import STATE_LOST, remaining_notice
+from mathagent.agent.loop import SampleLoop, SampleParams
 from mathagent.agent.prompts import TEMPLATES, ChatTemplate
 from mathagent.sandbox.base import ExecResult, ExecStatus
 from tests.agent.fakes import FakeEndpoint, FakeSandbox, FakeTokenizer, Turn, make_llm
@@ -21,6 +21,7 @@ async def run(turns, template="openmath", sandbox=None, mode="completions", llm_
     llm = make_llm(endpoint, mode=mode, **(llm_kw or {}))
     sandbox = FakeSandbox() if sandbox is None else sandbox
     params.setdefault("remaining_notice", TEMPLATES[template].remaining_notice)
+    params.setdefault("backoff_s", 0.01)
     loop = SampleLoop(llm, sandbox, TEMPLATES[template], PROBLEM, SampleParams(**params))
     async with asyncio.timeout(20):
         events = [e async for e in loop.events()]
@@ -163,6 +164,17 @@ async def test_output_is_cut_with_marker():
     assert sandbox.calls[0]["max_output_chars"] == 10
 
 
+async def test_output_cut_by_the_sandbox_gets_the_marker():
+    flagged = ExecResult(
+        status=ExecStatus.completed, stdout="y" * 10, truncated=True, session_id=""
+    )
+    turns = [Turn(["<tool_call>print('y' * 99)"]), Turn(["\\boxed{1}"])]
+    _, result, _, _ = await run(
+        turns, template="fewshot", sandbox=FakeSandbox([flagged]), max_output_chars=10
+    )
+    assert "\n```output\nyyyyyyyyyy<output cut>\n```\n" in result.generation
+
+
 async def test_tool_budget_stops_the_sample():
     turns = [Turn(["<tool_call>print(1)"]), Turn(["<tool_call>print(2)"])]
     _, result, _, sandbox = await run(turns, template="fewshot", max_tool_calls=1)
@@ -234,11 +246,16 @@ async def test_wall_time_budget_ends_a_hanging_sample():
     assert result.finish_reason == "time"
 
 
-async def test_sandbox_failure_is_a_clear_error():
+async def test_sandbox_failure_is_retried_then_a_clear_error():
+    turns = [Turn(["<tool_call>print(1)"]), Turn(["\\boxed{1}"])]
+    sandbox = FakeSandbox([ConnectionError("container did not start")])
+    _, result, _, sandbox = await run(turns, template="fewshot", sandbox=sandbox)
+    assert result.answer == "1" and len(sandbox.calls) == 2
+
     turns = [Turn(["<tool_call>print(1)"])]
-    sandbox = FakeSandbox([ConnectionError("sandbox service down")])
-    _, result, _, _ = await run(turns, template="fewshot", sandbox=sandbox)
-    assert result.finish_reason == "error"
+    sandbox = FakeSandbox([ConnectionError("sandbox service down")] * 3)
+    _, result, _, _ = await run(turns, template="fewshot", sandbox=sandbox, sandbox_retries=2)
+    assert result.finish_reason == "error" and len(sandbox.calls) == 3
     assert result.error == "the sandbox failed: ConnectionError: sandbox service down"
 
 

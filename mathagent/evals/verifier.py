@@ -1,0 +1,144 @@
+"""math-verify in a child process, so a stuck comparison can be killed from any thread.
+
+math-verify's own time limit uses ``signal.alarm``, which only works on the main thread of
+the main interpreter; the eval runner grades from worker threads. We switch its limit off and
+put ours at the process boundary instead: comparisons run in a long-lived child
+(``python -m mathagent.evals.verifier``, JSON lines over stdin/stdout), and a call that
+overruns its deadline kills and replaces the child and counts as "no match".
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+_STARTUP_TIMEOUT_S = 120.0  # importing sympy on a busy 2-core machine can take a while
+
+
+def _serve() -> None:
+    """Child process: answer each [gold, predicted] line with math-verify's verdict."""
+    import logging
+
+    from math_verify import parse, verify
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        try:
+            gold, predicted = json.loads(line)
+            # Limits off (None): they would use signals; the parent enforces the deadline.
+            gold_parsed = parse(f"\\boxed{{{gold}}}", parsing_timeout=None)
+            pred_parsed = parse(f"\\boxed{{{predicted}}}", parsing_timeout=None)
+            verdict = bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+        except Exception:
+            verdict = False
+        print(json.dumps(verdict), flush=True)
+
+
+class Verifier:
+    """A math-verify child process with a per-comparison deadline; safe to call from threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._buffer = b""
+        self.timeouts = 0
+
+    def equivalent(self, gold: str, predicted: str, timeout_s: float) -> bool:
+        """True when math-verify finds ``predicted`` equal to ``gold`` within ``timeout_s``."""
+        with self._lock:
+            proc = self._ensure_started()
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(json.dumps([gold, predicted]).encode() + b"\n")
+                proc.stdin.flush()
+                line = self._read_line(time.monotonic() + timeout_s)
+            except (OSError, EOFError):
+                line = None
+            else:
+                self.timeouts += line is None
+            if line is None:
+                self._stop()
+                return False
+            return line.strip() == b"true"
+
+    def close(self) -> None:
+        """Stop the child process."""
+        with self._lock:
+            self._stop()
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise EOFError("the math-verify worker exited")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line
+
+    def _ensure_started(self) -> subprocess.Popen[bytes]:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        self._stop()
+        # The child must import this very package, wherever it was imported from.
+        root = str(Path(__file__).resolve().parents[2])
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+        }
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "mathagent.evals.verifier"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            cwd=root,  # `-m` puts the working directory first on sys.path
+            bufsize=0,
+        )
+        try:
+            ready = self._read_line(time.monotonic() + _STARTUP_TIMEOUT_S)
+        except EOFError:
+            ready = None
+        if ready != b"ready":
+            self._stop()
+            raise RuntimeError("the math-verify worker process did not start")
+        return self._proc
+
+    def _stop(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait(5)
+            for stream in (self._proc.stdin, self._proc.stdout):
+                if stream is not None:
+                    stream.close()
+        self._proc, self._buffer = None, b""
+
+
+_default: Verifier | None = None
+_default_lock = threading.Lock()
+
+
+def default_verifier() -> Verifier:
+    """The process-wide verifier, started on first use and stopped at exit."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Verifier()
+            atexit.register(_default.close)
+        return _default
+
+
+if __name__ == "__main__":
+    _serve()
