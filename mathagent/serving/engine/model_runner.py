@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import torch
 
+from mathagent.serving.engine import cuda_kernels
 from mathagent.serving.engine.config import EngineConfig
+from mathagent.serving.engine.cuda_graphs import CudaGraphRunner
 from mathagent.serving.engine.kv_cache import KVCache
+from mathagent.serving.engine.lookahead import GreedyLookahead
 from mathagent.serving.engine.model import ForwardContext, Transformer, rope_table
 from mathagent.serving.engine.sampler import Sampler, SamplingBatch
 from mathagent.serving.engine.sequence import Sequence
@@ -25,9 +28,10 @@ class ModelRunner:
         self.config = config
         self.device = config.device
         self.max_seq_len = config.max_seq_len
+        use_graphs = config.device.type == "cuda" and not config.eager and cuda_kernels.available()
         self.cache = KVCache(
             args.num_layers,
-            config.max_batch_size,
+            config.max_batch_size + int(use_graphs),  # + the graphs' scratch slot for padded rows
             args.num_kv_heads,
             config.max_seq_len,
             args.head_dim,
@@ -39,8 +43,18 @@ class ModelRunner:
         self.sin = sin.to(config.device, config.dtype)
         self.kv_positions = torch.arange(config.max_seq_len, device=config.device)  # [max_seq]
         self.sampler = Sampler()
-        # Compilation lives here only, so eager and compiled runs can be compared.
-        self._model = model if config.eager else torch.compile(model, dynamic=True)
+        # Compilation lives here only, so eager and compiled runs can be compared. On CUDA,
+        # decode and verify steps replay CUDA graphs; prefill (many tokens) stays eager.
+        self.graphs = (
+            CudaGraphRunner(
+                model, self.cache, self.cos, self.sin, config.max_batch_size, config.max_batch_size
+            )
+            if use_graphs
+            else None
+        )
+        self.lookahead = GreedyLookahead(self.graphs) if self.graphs is not None else None
+        compiled = not config.eager and not use_graphs
+        self._model = torch.compile(model, dynamic=True) if compiled else model
 
     @torch.inference_mode()
     def forward(
@@ -60,6 +74,22 @@ class ModelRunner:
         Returns ``(logits [B, T or 1, V] float32, hidden [B, T or 1, H])``.
         """
         write = positions if write_positions is None else write_positions
+        if self.lookahead is not None:
+            self.lookahead.drop()  # this step changes what a step in flight would have read
+        if (
+            self.graphs is not None
+            and not hidden_only
+            and self.graphs.accepts(*tokens.shape)
+            and (
+                (attn_mask is None and write_positions is None)
+                or self.graphs.fits(positions, write, attn_mask)
+            )
+        ):
+            slot_ids = torch.tensor(slots, device=self.device)
+            logits, hidden = self.graphs.run(tokens, positions, slot_ids, write, attn_mask)
+            if logits_last_only:
+                logits, hidden = logits[:, -1:], hidden[:, -1:]
+            return logits, hidden
         kv_len = int(write.max()) + 1 if attn_mask is None else attn_mask.shape[-1]
         bsz = tokens.shape[0]
         mask, causal = self._mask(positions, kv_len, attn_mask)
@@ -112,12 +142,28 @@ class ModelRunner:
 
     def decode(self, seqs: list[Sequence]) -> list[int]:
         """One token for each running sequence, in a single batched forward."""
+        slots = [s.slot for s in seqs if s.slot is not None]
+        if self.graphs is not None and self.graphs.accepts(len(seqs), 1):
+            out = self._decode_graphs(seqs, slots)
+            for s in seqs:
+                s.num_cached += 1
+            return out
         tokens = torch.tensor([[s.last_token] for s in seqs], device=self.device)  # [B, 1]
         positions = torch.tensor([[s.num_cached] for s in seqs], device=self.device)  # [B, 1]
-        slots = [s.slot for s in seqs if s.slot is not None]
         logits, _ = self.forward(tokens, positions, slots)
         for s in seqs:
             s.num_cached += 1
+        return self.sample(logits[:, -1], seqs)
+
+    def _decode_graphs(self, seqs: list[Sequence], slots: list[int]) -> list[int]:
+        """Decode through the CUDA graphs from host values; greedy rows keep a step in flight."""
+        assert self.graphs is not None and self.lookahead is not None
+        positions = [s.num_cached for s in seqs]
+        tokens = [s.last_token for s in seqs]
+        if all(s.params.greedy for s in seqs):
+            return self.lookahead.decode(tokens, positions, slots)
+        self.lookahead.drop()
+        logits, _ = self.graphs.run_decode(tokens, positions, slots)
         return self.sample(logits[:, -1], seqs)
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:

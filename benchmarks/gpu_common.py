@@ -1,0 +1,104 @@
+"""Shared pieces of the GPU benchmarks: model shapes, shared random weights, ceilings, timing.
+
+The weights are built once on the GPU as a transformers ``LlamaForCausalLM`` from a config (no
+download); the engine is handed the same tensors, so both decode the same model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+DATASHEET_HBM_BYTES_PER_S = 4.8e12  # H200 SXM datasheet
+
+SHAPES: dict[str, dict] = {
+    "llama-3.2-1b": dict(
+        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
+        rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+        max_position_embeddings=131072,
+        rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=8192),
+    ),
+    "llama-3-8b": dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+        rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        max_position_embeddings=8192,
+    ),
+}  # fmt: skip
+
+
+def build_hf_model(shape: str, seed: int = 0) -> torch.nn.Module:
+    """A random-weight transformers Llama of a named shape, bf16, built directly on the GPU."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(**SHAPES[shape])
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    return model.eval()
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the distinct parameter tensors (a tied embedding counts once)."""
+    seen = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
+    return sum(seen.values())
+
+
+def roofline(model: torch.nn.Module, copy_bytes_per_s: float) -> dict:
+    """Batch-1 decode ceiling: every weight byte is read once per token."""
+    nbytes = weight_bytes(model)
+    return {
+        "weight_bytes": nbytes,
+        "roofline_tok_s_datasheet": DATASHEET_HBM_BYTES_PER_S / nbytes,
+        "roofline_tok_s_measured_copy": copy_bytes_per_s / nbytes,
+    }
+
+
+def copy_bandwidth(gib: int = 4, reps: int = 20) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus bytes written."""
+    src = torch.empty(gib << 30, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    ms = cuda_time_ms(lambda: dst.copy_(src), reps)
+    return 2 * (gib << 30) / (ms / 1e3)
+
+
+def cuda_time_ms(fn: Callable[[], object], reps: int) -> float:
+    """Median milliseconds of ``fn`` over ``reps`` runs, timed with CUDA events."""
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+@torch.inference_mode()
+def hf_generate_tok_s(model: torch.nn.Module, prompt_len: int, new_tokens: int) -> float:
+    """Batch-1 greedy decode tokens/s of transformers ``generate`` (prefill excluded)."""
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), device="cuda")
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+
+    def run(n: int) -> float:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    run(2)  # warm-up
+    prefill = run(1)
+    return (new_tokens - 1) / max(run(new_tokens) - prefill, 1e-9)

@@ -1,0 +1,201 @@
+"""The decode/verify forward of the CUDA path, over the weights of the engine's ``Transformer``.
+
+Same function as :meth:`Transformer.forward` + :meth:`Transformer.logits` for a few new tokens
+per row, laid out for a bandwidth-bound step: skinny products go to the Triton
+:func:`~mathagent.serving.engine.cuda_kernels.gemv`, attention reads only each slot's cached
+positions (:func:`~mathagent.serving.engine.cuda_kernels.decode_attention`), and each layer is
+one ``torch.compile`` region whose elementwise work (residual add + RMSNorm, rotary, the K/V
+write, SiLU) Inductor fuses. The residual add of a layer's MLP output is deferred into the next
+region, so it fuses with that layer's first norm. Everything reads its inputs from tensors, so
+the whole step can be captured in a CUDA graph. The eager model stays the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mathagent.serving.engine import cuda_kernels
+from mathagent.serving.engine.model import Transformer
+
+
+@dataclass
+class StepInputs:
+    """Static input buffers of one captured step shape ``[B, T]``.
+
+    The integer inputs are views of one device buffer ``packed``; a decode step fills one of
+    two pinned host twins (``host``) and sends it in a single copy. ``host_done[i]`` marks
+    when twin ``i``'s last copy has run, so the host never overwrites a pending copy.
+    """
+
+    packed: torch.Tensor  # [4 * B * T + 2 * B] int64, the fields below in this order
+    host: torch.Tensor  # [2, len(packed)] pinned CPU staging buffers
+    host_done: list  # [2] torch.cuda.Event | None
+    tokens: torch.Tensor  # [B, T] int64
+    positions: torch.Tensor  # [B, T] int64 rope positions
+    write: torch.Tensor  # [B, T] int64 cache position of each new token's K/V
+    write_slot: torch.Tensor  # [B, T] int64 its slot (padding goes to a scratch slot)
+    slots: torch.Tensor  # [B] int64 cache slot per row
+    start: torch.Tensor  # [B] int64 where row b's T new tokens are cached (consecutively)
+    tree: torch.Tensor  # [B, T, T] int8 which new tokens each new token sees
+
+    @classmethod
+    def allocate(cls, batch: int, width: int, device: torch.device) -> StepInputs:
+        """Zeroed buffers; ``tree`` starts causal, ``write`` at ``0 .. T-1``."""
+        bt = batch * width
+        packed = torch.zeros(4 * bt + 2 * batch, dtype=torch.long, device=device)
+        grids = packed[: 4 * bt].view(4, batch, width)
+        grids[2].copy_(torch.arange(width, device=device).expand(batch, width))
+        causal = torch.tril(torch.ones(width, width, dtype=torch.int8, device=device))
+        host = torch.zeros(2, packed.numel(), dtype=torch.long)
+        return cls(
+            packed=packed,
+            host=host.pin_memory() if packed.is_cuda else host,
+            host_done=[None, None],
+            tokens=grids[0],
+            positions=grids[1],
+            write=grids[2],
+            write_slot=grids[3],
+            slots=packed[4 * bt : 4 * bt + batch],
+            start=packed[4 * bt + batch :],
+            tree=causal.expand(batch, width, width).contiguous(),
+        )
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    fast: frozenset[tuple[int, int]],
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``F.linear``, through the Triton GEMV for one row when ``fast`` holds the weight's shape."""
+    if x.numel() == x.shape[-1] and tuple(weight.shape) in fast:
+        y = cuda_kernels.gemv(x, weight)
+        return y if bias is None else y + bias
+    return F.linear(x, weight, bias)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm with the eager model's rounding order (float32 statistics, cast, then scale)."""
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Half-split rotary embedding of ``x [B, T, H, D]`` by ``cos/sin [B, T, 1, D]``."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """The constants every layer shares (one object, so one compiled region serves all)."""
+
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    inter: int
+    eps: float
+    fast: frozenset[tuple[int, int]]  # weight shapes where the Triton GEMV beats cuBLAS
+
+
+def layer_weights(block: torch.nn.Module) -> tuple[torch.Tensor | None, ...]:
+    """A layer's tensors in :func:`layer_step` order (absent bias / q-k norms are None)."""
+    attn, ffn = block.attention, block.feed_forward
+    q_norm = None if attn.q_norm is None else attn.q_norm.weight
+    k_norm = None if attn.k_norm is None else attn.k_norm.weight
+    return (block.attention_norm.weight, attn.wqkv.weight, attn.wqkv.bias, q_norm, k_norm,
+            attn.wo.weight, block.ffn_norm.weight, ffn.w13.weight, ffn.w2.weight)  # fmt: skip
+
+
+def layer_step(
+    shape: LayerShape,
+    weights: tuple[torch.Tensor | None, ...],
+    h: torch.Tensor,
+    delta: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    inp: StepInputs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One decoder layer; returns the residual stream and an MLP output still to be added.
+
+    With one row and Triton GEMVs for all four products, the norms, the SiLU product and the
+    residual adds run inside the GEMVs (no delta is left over); otherwise Inductor fuses them
+    around cuBLAS products and the MLP output is added in the next region.
+    """
+    ln1, wqkv, bqkv, q_norm, k_norm, wo, ln2, w13, w2 = weights
+    nh, nkv, hd, eps = shape.n_heads, shape.n_kv, shape.head_dim, shape.eps
+    h = h if delta is None else h + delta  # [B, T, H]
+    bsz, width, _ = h.shape
+    fused = bsz * width == 1 and all(tuple(w.shape) in shape.fast for w in (wqkv, wo, w13, w2))
+    if fused:
+        qkv = cuda_kernels.gemv(h, wqkv, norm=ln1, eps=eps)
+        qkv = qkv if bqkv is None else qkv + bqkv
+    else:
+        qkv = linear(rms_norm(h, ln1, eps), wqkv, shape.fast, bqkv)
+    q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+    q, k = q.view(bsz, width, nh, hd), k.view(bsz, width, nkv, hd)
+    if q_norm is not None and k_norm is not None:
+        q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    k_cache[inp.write_slot, :, inp.write] = k
+    v_cache[inp.write_slot, :, inp.write] = v.view(bsz, width, nkv, hd)
+    o = cuda_kernels.decode_attention(q, k_cache, v_cache, inp.slots, inp.start, inp.tree)
+    o = o.reshape(bsz, width, nh * hd)
+    if fused:
+        h = cuda_kernels.gemv(o, wo, residual=h)
+        gate_up = cuda_kernels.gemv(h, w13, norm=ln2, eps=eps)
+        return cuda_kernels.gemv(gate_up, w2, residual=h, silu_mul=True), None
+    h = h + linear(o, wo, shape.fast)
+    gate, up = linear(rms_norm(h, ln2, eps), w13, shape.fast).split(shape.inter, dim=-1)
+    return h, linear(F.silu(gate) * up, w2, shape.fast)
+
+
+class CudaForward:
+    """Callable ``inputs -> (logits [B, T, V] float32, hidden [B, T, H])`` over a model."""
+
+    def __init__(self, model: Transformer, cache: object, cos: torch.Tensor, sin: torch.Tensor):
+        self.model = model
+        args = model.args
+        self.weights = [layer_weights(block) for block in model.layers]
+        self.shape = LayerShape(
+            args.num_heads, args.num_kv_heads, args.head_dim, args.intermediate_size,
+            args.rms_norm_eps, self._fast_shapes(),
+        )  # fmt: skip
+        self.k, self.v = cache.k, cache.v  # [L, S, Hkv, max_seq, D]
+        self.cos, self.sin = cos, sin  # [max_seq, D] in the model dtype
+        # One region per layer: same code and shapes in every layer, so it compiles once.
+        self.layer = torch.compile(layer_step, fullgraph=True, dynamic=False)
+        self.head = torch.compile(self._head, fullgraph=True, dynamic=False)
+
+    def _fast_shapes(self) -> frozenset[tuple[int, int]]:
+        """The weight shapes whose one-row products go to the Triton GEMV (measured)."""
+        weights = [w for w in self.weights[0] if w is not None and w.dim() == 2]
+        weights.append(self.model.output.weight)
+        return frozenset(
+            tuple(w.shape)
+            for w in weights
+            if cuda_kernels.gemv_fits(w) and cuda_kernels.gemv_beats_cublas(w)
+        )
+
+    def _head(
+        self, h: torch.Tensor, delta: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        norm = self.model.norm
+        hidden = rms_norm(h if delta is None else h + delta, norm.weight, norm.eps)
+        return linear(hidden, self.model.output.weight, self.shape.fast).float(), hidden
+
+    def __call__(self, inp: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        h = F.embedding(inp.tokens, self.model.tok_embeddings.weight)  # [B, T, H]
+        cos = self.cos[inp.positions][:, :, None]  # [B, T, 1, D]
+        sin = self.sin[inp.positions][:, :, None]
+        delta = None
+        for i, weights in enumerate(self.weights):
+            h, delta = self.layer(
+                self.shape, weights, h, delta, self.k[i], self.v[i], cos, sin, inp
+            )
+        return self.head(h, delta)

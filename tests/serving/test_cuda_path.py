@@ -1,0 +1,192 @@
+"""The CUDA path (Triton kernels, compiled layers, CUDA graphs) against the eager reference.
+
+Runs only where CUDA and Triton exist (benchmarks/GPU_NOTES.md says how it was run on an H200);
+skips on CPU. Float32 models with sharp random weights, so greedy choices are well separated.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mathagent.serving.engine import cuda_kernels
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not cuda_kernels.available(), reason="needs a CUDA device and Triton"),
+]
+
+SHAPE = dict(vocab_size=2048, hidden_size=1024, intermediate_size=2048, num_hidden_layers=2,
+             num_attention_heads=16, num_key_value_heads=4, architectures=["LlamaForCausalLM"])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runners():
+    """An eager and a CUDA-path runner over one float32 model with sharp random weights."""
+    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.model import ModelArgs, Transformer
+    from mathagent.serving.engine.model_runner import ModelRunner
+
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs.from_hf_config(SHAPE)).to("cuda").eval()
+    for p in model.parameters():
+        p.data.normal_(0.0, 0.08)
+    common = dict(model=None, device=torch.device("cuda"), dtype=torch.float32, max_batch_size=4,
+                  max_seq_len=256, speculative="none", draft_len=4, draft_beams=1, threads=None)  # fmt: skip
+    eager = ModelRunner(model, EngineConfig(eager=True, **common))
+    fast = ModelRunner(model, EngineConfig(eager=False, **common))
+    assert fast.graphs is not None and eager.graphs is None
+    return eager, fast
+
+
+def greedy(runner, prompt: list[int], steps: int, slot: int) -> list[int]:
+    dev = runner.device
+    pos = torch.arange(len(prompt), device=dev)[None]
+    logits, _ = runner.forward(torch.tensor([prompt], device=dev), pos, [slot])
+    out = [int(logits[0, -1].argmax())]
+    for i in range(steps - 1):
+        p = torch.tensor([[len(prompt) + i]], device=dev)
+        logits, _ = runner.forward(torch.tensor([[out[-1]]], device=dev), p, [slot])
+        out.append(int(logits[0, -1].argmax()))
+    return out
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+def test_gemv_matches_linear():
+    for n, k in ((3000, 1024), (128256 // 8, 2048)):
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        assert rel(cuda_kernels.gemv(x, w), F.linear(x, w)) < 1e-2
+
+
+def test_decode_attention_matches_sdpa_with_tree():
+    b, t, h, hkv, d, max_seq = 2, 3, 8, 2, 64, 300
+    q = torch.randn(b, t, h, d, device="cuda")
+    k, v = (torch.randn(3, hkv, max_seq, d, device="cuda") for _ in range(2))
+    slots, start = torch.tensor([2, 0], device="cuda"), torch.tensor([200, 5], device="cuda")
+    tree = torch.tril(torch.ones(t, t, dtype=torch.int8, device="cuda")).repeat(b, 1, 1)
+    tree[0, 2, 1] = 0
+    out = cuda_kernels.decode_attention(q, k, v, slots, start, tree)
+    for i in range(b):
+        total = int(start[i]) + t
+        keys = k[slots[i], :, :total].repeat_interleave(h // hkv, 0)
+        vals = v[slots[i], :, :total].repeat_interleave(h // hkv, 0)
+        mask = torch.ones(t, total, dtype=torch.bool, device="cuda")
+        mask[:, int(start[i]) :] = tree[i].bool()
+        ref = F.scaled_dot_product_attention(q[i].transpose(0, 1), keys, vals, attn_mask=mask)
+        assert rel(out[i], ref.transpose(0, 1)) < 1e-5
+
+
+def test_greedy_equals_eager(runners):
+    eager, fast = runners
+    prompt = torch.randint(0, 2048, (20,), generator=torch.Generator().manual_seed(1)).tolist()
+    assert greedy(fast, prompt, 40, slot=1) == greedy(eager, prompt, 40, slot=1)
+
+
+def test_engine_generate_equals_eager(runners):
+    """Whole engine, continuous batching of three requests, decode steps from host values."""
+    from mathagent.serving.engine.config import SamplingParams
+    from mathagent.serving.engine.llm_engine import LLMEngine
+    from mathagent.serving.engine.loader import LoadedModel
+
+    eager, fast = runners
+    gen = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 2048, (n,), generator=gen).tolist() for n in (5, 19, 11)]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    outputs = []
+    for runner in (eager, fast):
+        loaded = LoadedModel(runner.model, None, "random", None, ())
+        engine = LLMEngine(runner.config, model_dir=None, loaded=loaded)
+        outputs.append([r.token_ids for r in engine.generate(prompts, params)])
+    assert outputs[1] == outputs[0]
+
+
+def test_batched_rows_equal_eager(runners):
+    """Three rows (padded to a bucket of 4) at different lengths, slots out of order."""
+    eager, fast = runners
+    gen = torch.Generator().manual_seed(2)
+    lens, slots = [7, 12, 3], [2, 0, 3]
+    outs = {}
+    for name, runner in (("eager", eager), ("fast", fast)):
+        tok = []
+        for n, s in zip(lens, slots, strict=True):
+            p = torch.randint(0, 2048, (n,), generator=gen).tolist()
+            pos = torch.arange(n, device="cuda")[None]
+            logits, _ = runner.forward(torch.tensor([p], device="cuda"), pos, [s])
+            tok.append(int(logits[0, -1].argmax()))
+        gen.manual_seed(2)
+        rows = []
+        for _ in range(10):
+            tokens = torch.tensor(tok, device="cuda")[:, None]
+            pos = torch.tensor(lens, device="cuda")[:, None]
+            logits, _ = runner.forward(tokens, pos, slots)
+            tok = logits[:, -1].argmax(-1).tolist()
+            lens = [n + 1 for n in lens]
+            rows.append(tok)
+        lens = [7, 12, 3]
+        outs[name] = rows
+    assert outs["fast"] == outs["eager"]
+
+
+def test_tree_verify_equals_eager(runners):
+    """A 4-token draft tree (two branches) scored in one step, as speculative verify does."""
+    eager, fast = runners
+    prompt = torch.randint(0, 2048, (30,), generator=torch.Generator().manual_seed(3)).tolist()
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    results = []
+    for runner in (eager, fast):
+        greedy(runner, prompt, 1, slot=0)  # prefill
+        n = len(prompt)
+        mask = torch.ones(1, 4, n + 4, dtype=torch.bool, device="cuda")
+        mask[0, :, n:] = tree.cuda()
+        depth = torch.tensor([[0, 1, 1, 2]], device="cuda") + n
+        write = torch.arange(n, n + 4, device="cuda")[None]
+        tokens = torch.tensor([[5, 6, 7, 8]], device="cuda")
+        logits, hidden = runner.forward(tokens, depth, [0], attn_mask=mask, write_positions=write)
+        results.append((logits.clone(), hidden.clone()))
+    assert rel(results[1][0], results[0][0]) < 1e-4
+    assert rel(results[1][1], results[0][1]) < 1e-4
+
+
+def test_speculative_verify_equals_plain(runners):
+    """Greedy speculation on the CUDA path (drafts = plain output, one corrupted per step)."""
+    _, fast = runners
+    prompt = torch.randint(0, 2048, (16,), generator=torch.Generator().manual_seed(4)).tolist()
+    plain = greedy(fast, prompt, 30, slot=2)
+    out = [plain[0]]
+    while len(out) < len(plain):
+        i = len(out) - 1
+        draft = [*plain[i + 1 : i + 4], 0, 0, 0][:3]
+        draft[len(out) % 3] = (draft[len(out) % 3] + 1) % 2048
+        tokens = torch.tensor([[out[-1], *draft]], device="cuda")
+        pos = (len(prompt) + i + torch.arange(4, device="cuda"))[None]
+        target = fast.forward(tokens, pos, [2])[0][0].argmax(-1).tolist()
+        taken = 0
+        while taken < 3 and draft[taken] == target[taken]:
+            taken += 1
+        out += target[: taken + 1]
+    assert out[: len(plain)] == plain
+
+
+def test_unsupported_layouts_fall_back_to_eager(runners):
+    """Masks that hide cached positions, or scattered writes, run eagerly and stay exact."""
+    eager, fast = runners
+    prompt = torch.randint(0, 2048, (24,), generator=torch.Generator().manual_seed(6)).tolist()
+    n = len(prompt)
+    mask = torch.ones(1, 2, n + 2, dtype=torch.bool, device="cuda")
+    mask[0, :, 3] = False  # a cached position hidden from the new tokens
+    mask[0, 0, n + 1] = False
+    write = torch.tensor([[n, n + 1]], device="cuda")
+    scattered = torch.tensor([[n, n + 2]], device="cuda")
+    assert not fast.graphs.fits(write, write, mask)
+    assert not fast.graphs.fits(scattered, scattered, None)
+    results = []
+    for runner in (eager, fast):
+        greedy(runner, prompt, 1, slot=3)
+        tokens = torch.tensor([[9, 10]], device="cuda")
+        results.append(runner.forward(tokens, write, [3], attn_mask=mask, write_positions=write)[0])
+    assert rel(results[1], results[0]) < 1e-5
