@@ -37,10 +37,10 @@ def test_unknown_random_shape(tmp_path):
         load_model("random:huge", tmp_path, CPU, F32)
 
 
-def test_speculative_other_than_none_is_refused():
-
-    with pytest.raises(EngineConfigError, match="none"):
-        EngineConfig.from_settings(EngineSettings(speculative="ngram"))
+def test_unknown_speculative_method_is_refused():
+    with pytest.raises(EngineConfigError, match="ngram"):
+        EngineConfig.from_settings(EngineSettings(speculative="medusa"))
+    assert EngineConfig.from_settings(EngineSettings(speculative="ngram")).speculative == "ngram"
 
 
 def test_gguf_conversion_is_cached():
