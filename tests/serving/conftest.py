@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import socket
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -44,3 +48,24 @@ def engine(engine_settings):
     from mathagent.serving.engine.llm_engine import LLMEngine
 
     return LLMEngine(EngineConfig.from_settings(engine_settings), Settings().model_dir)
+
+
+TINY_SERVER = Path(__file__).with_name("tiny_server.py")
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def port() -> int:
+    """A TCP port nothing listens on right now."""
+    return free_port()
+
+
+def tiny_argv(port: int, mode: str, delay: float = 0.0) -> list[str]:
+    """The command starting tests/serving/tiny_server.py (a tiny real HTTP server)."""
+    return [sys.executable, str(TINY_SERVER), str(port), mode, str(delay)]

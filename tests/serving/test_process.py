@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -23,24 +22,7 @@ from mathagent.serving.process import (
     serve_foreground,
 )
 
-TINY_SERVER = Path(__file__).with_name("tiny_server.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture
-def port() -> int:
-    """A TCP port nothing listens on right now."""
-    return _free_port()
-
-
-def tiny_argv(port: int, mode: str, delay: float = 0.0) -> list[str]:
-    """The command starting tests/serving/tiny_server.py (a tiny real HTTP server)."""
-    return [sys.executable, str(TINY_SERVER), str(port), mode, str(delay)]
+from .conftest import tiny_argv
 
 
 def _server(argv: list[str], port: int, **kwargs) -> ServerProcess:
