@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gpu_common import build_hf_model, copy_bandwidth, hf_generate_tok_s, roofline
 
 from mathagent.serving.engine.config import EngineConfig, SamplingParams
+from mathagent.serving.engine.cuda_kernels import GEMV_CONFIGS
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import LoadedModel, _hf_to_engine
 from mathagent.serving.engine.model import ModelArgs, Transformer
@@ -262,9 +263,19 @@ def bench_shape(shape: str, copy_bw: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shapes", nargs="+", default=["llama-3.2-1b", "llama-3-8b"])
+    parser.add_argument("--tune-gemv", action="store_true",
+                        help="sweep the GEMV launch shapes first and use the winners")  # fmt: skip
     args = parser.parse_args()
     torch.manual_seed(0)
     out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if args.tune_gemv:
+        from gemv_sweep import tune
+
+        t0 = time.perf_counter()
+        sweep = tune(args.shapes)
+        _write_out("gemv_sweep.json", json.dumps(sweep, indent=1))
+        out["gemv_sweep"] = _sweep_summary(sweep, time.perf_counter() - t0)
+    out["gemv_configs"] = {f"{n}x{k}": c.__dict__ for (n, k), c in GEMV_CONFIGS.items()}
     out["copy_bytes_per_s"] = copy_bandwidth()
     for shape in args.shapes:
         out[shape] = bench_shape(shape, out["copy_bytes_per_s"])
@@ -286,9 +297,26 @@ def main() -> None:
         out["goals_1b"] = {"b1_ge_55pct_roofline": one["b1_fraction_of_roofline_datasheet"] >= 0.55}
     text = json.dumps(out, indent=1)
     print(text)
+    _write_out("gpu_bench.json", text)
+
+
+def _write_out(name: str, text: str) -> None:
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "gpu_bench.json"), "w") as f:
+        with open(os.path.join(os.environ["OUT"], name), "w") as f:
             f.write(text)
+
+
+def _sweep_summary(sweep: dict, seconds: float) -> dict:
+    """Per shape and product: the winner's microseconds against cuBLAS and the two toggles."""
+    res: dict = {"pdl_works": sweep["pdl_works"], "seconds": seconds}
+    for shape, rows in sweep.items():
+        if isinstance(rows, dict):
+            res[shape] = {"chain_us": rows["chain_us"]}
+            for name, row in rows.items():
+                if name != "chain_us":
+                    keys = ("best_us", "best_tb_s", "cublas_us", "no_evict_us", "no_pdl_us")
+                    res[shape][name] = {k: row[k] for k in keys}
+    return res
 
 
 if __name__ == "__main__":

@@ -15,7 +15,9 @@ Each kernel is a ``torch.library`` custom op, so ``torch.compile`` treats it as 
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -33,33 +35,36 @@ def available() -> bool:
 
 if triton is not None:
 
-    def _gemv_configs() -> list[triton.Config]:
-        tiles = [(4, 1024), (8, 512), (8, 1024), (16, 256), (16, 512), (32, 256), (64, 128)]
-        return [
-            triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w)
-            for n, k in tiles
-            for w in (2, 4, 8)
-            if n * k // (32 * w) <= 128  # fp32 accumulator registers per thread
-        ]
+    @triton.jit
+    def _gemv_input(x_ptr, g_ptr, k0, rk, K, rstd, PRO: tl.constexpr, dt: tl.constexpr):
+        # The product's input at k0 + rk, float32, rounded like the eager model's ops.
+        x = tl.load(x_ptr + k0 + rk).to(tl.float32)  # [BK]
+        if PRO == 1:
+            g = tl.load(g_ptr + k0 + rk).to(tl.float32)
+            x = ((x * rstd).to(dt).to(tl.float32) * g).to(dt).to(tl.float32)
+        elif PRO == 2:
+            up = tl.load(x_ptr + K + k0 + rk).to(tl.float32)
+            x = ((x * tl.sigmoid(x)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+        return x
 
-    def _autotune(**kwargs: object):
-        # Short benchmarking per config: every weight shape is tuned when graphs are captured.
-        try:
-            return triton.autotune(**kwargs, warmup=5, rep=20)
-        except TypeError:
-            return triton.autotune(**kwargs)
-
-    @_autotune(configs=_gemv_configs(), key=["N", "K", "PRO", "RESID"])
     @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_wn, eps,
-                     PRO: tl.constexpr, RESID: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+                     PRO: tl.constexpr, RESID: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+        # EVICT: the weights' L2 eviction policy ("evict_first": read once per step).
         # PRO: 0 plain input; 1 RMSNorm(x) * g; 2 silu(x[:K]) * x[K:]. RESID: y += r.
         # Roundings to the model dtype follow the eager model's op-by-op order.
         dt = y_ptr.dtype.element_ty
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+        w_ok = rn[:, None] < N
+        # Weights never change: the first tile is requested before waiting on the previous
+        # kernel (programmatic dependent launch), so the next product's stream starts early.
+        w0 = tl.load(w_ptrs, mask=w_ok, other=0.0, eviction_policy=EVICT)  # [BN, BK]
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         rstd = 0.0
         if PRO == 1:  # every program recomputes the row's statistics: K values, from L2
             ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
@@ -68,17 +73,10 @@ if triton is not None:
                 ss += xv * xv
             rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
         # Elementwise partial sums; one cross-thread reduction at the end, not per K step.
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            w = tl.load(w_ptrs + k0, mask=rn[:, None] < N, other=0.0)  # [BN, BK]
-            x = tl.load(x_ptr + k0 + rk).to(tl.float32)  # [BK]
-            if PRO == 1:
-                g = tl.load(g_ptr + k0 + rk).to(tl.float32)
-                x = ((x * rstd).to(dt).to(tl.float32) * g).to(dt).to(tl.float32)
-            elif PRO == 2:
-                up = tl.load(x_ptr + K + k0 + rk).to(tl.float32)
-                x = ((x * tl.sigmoid(x)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
-            acc += w.to(tl.float32) * x[None, :]
+        acc = w0.to(tl.float32) * _gemv_input(x_ptr, g_ptr, 0, rk, K, rstd, PRO, dt)[None, :]
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            w = tl.load(w_ptrs + k0, mask=w_ok, other=0.0, eviction_policy=EVICT)  # [BN, BK]
+            acc += w.to(tl.float32) * _gemv_input(x_ptr, g_ptr, k0, rk, K, rstd, PRO, dt)[None, :]
         y = tl.sum(acc, axis=1).to(dt)
         if RESID:
             r = tl.load(r_ptr + rn, mask=rn < N, other=0.0)
@@ -179,6 +177,40 @@ if triton is not None:
         )
 
 
+@dataclass(frozen=True)
+class GemvConfig:
+    """Launch shape of the one-row GEMV for one weight shape."""
+
+    block_n: int  # rows per program
+    block_k: int  # columns per load; K must be a multiple
+    num_warps: int
+    evict: str = "evict_first"  # weights are read once per step: keep L2 for activations
+    pdl: bool = True  # programmatic dependent launch: overlap the previous kernel's tail
+
+
+# Measured on one H200 (benchmarks/GPU_NOTES.md, "GEMV sweep"): weights cold in L2, each shape
+# launched over distinct matrices in one CUDA graph, as in a decode step.
+GEMV_CONFIGS: dict[tuple[int, int], GemvConfig] = {}
+PDL_OK = True  # set False before the first product to launch without PDL anywhere
+
+
+def gemv_config(n: int, k: int) -> GemvConfig:
+    """The measured launch shape for ``[n, k]`` weights, else one that fills 132 SMs."""
+    cfg = GEMV_CONFIGS.get((n, k))
+    if cfg is None:
+        block_k = 1024 if k % 1024 == 0 else 512 if k % 512 == 0 else 256
+        cfg = GemvConfig(8 if n >= 8192 else 4, block_k, 4)
+    if cfg.pdl and not _pdl_supported():
+        cfg = GemvConfig(cfg.block_n, cfg.block_k, cfg.num_warps, cfg.evict, False)
+    return cfg
+
+
+@functools.cache
+def _pdl_supported() -> bool:
+    # Programmatic dependent launch needs Hopper (sm_90) or newer.
+    return PDL_OK and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
 @torch.library.custom_op("mathagent::gemv", mutates_args=())
 def gemv(
     x: torch.Tensor,
@@ -198,9 +230,12 @@ def gemv(
     y = torch.empty(n, dtype=x.dtype, device=x.device)
     res = x1 if residual is None else residual.reshape(n)
     pro = 1 if norm is not None else 2 if silu_mul else 0
-    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    _gemv_kernel[grid](x1, weight, y, x1 if norm is None else norm, res, n, k, weight.stride(0),
-                       eps, PRO=pro, RESID=residual is not None)  # fmt: skip
+    cfg = gemv_config(n, k)
+    _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+        x1, weight, y, x1 if norm is None else norm, res, n, k, weight.stride(0), eps,
+        PRO=pro, RESID=residual is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        EVICT=cfg.evict, PDL=cfg.pdl, num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
+    )  # fmt: skip
     return y.view(*x.shape[:-1], n)
 
 
@@ -214,20 +249,23 @@ def gemv_fits(weight: torch.Tensor) -> bool:
     return weight.is_contiguous() and weight.shape[1] % 1024 == 0
 
 
-def gemv_beats_cublas(weight: torch.Tensor, reps: int = 20) -> bool:
+def gemv_beats_cublas(weight: torch.Tensor, reps: int = 4) -> bool:
     """Time one-row products with ``weight`` both ways, each as a CUDA graph; True if ours wins.
 
-    Which is faster depends on the shape (ours streams the 1 GB LM heads faster; cuBLAS wins
-    on some mid-size matrices), so the choice is measured on the device, once per shape.
+    Which is faster depends on the shape, so the choice is measured on the device, once per
+    shape. A decode step reads each matrix once, cold in L2, so the timed graph runs over
+    enough copies of ``weight`` (at least 256 MB) that none stays in the 60 MB L2.
     """
+    copies = [weight] + [weight.clone() for _ in range(min(15, (256 << 20) // weight.nbytes))]
     x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
     times = []
-    for fn in (lambda: gemv(x, weight), lambda: torch.nn.functional.linear(x, weight)):
-        fn()  # autotune / cuBLAS heuristics outside the capture
+    for fn in (gemv, torch.nn.functional.linear):
+        fn(x, weight)  # compile / cuBLAS heuristics outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(reps):
-                fn()
+                for w in copies:
+                    fn(x, w)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         graph.replay()
         start.record()
