@@ -179,7 +179,7 @@ class CudaForward:
         return frozenset(
             tuple(w.shape)
             for w in weights
-            if cuda_kernels.gemv_fits(w) and cuda_kernels.gemv_beats_cublas(w)
+            if cuda_kernels.gemv_fits(w) and cuda_kernels.gemv_preferred(w)
         )
 
     def _head(

@@ -1,14 +1,16 @@
 """Triton kernels of the CUDA decode path: skinny matrix products and attention over the KV cache.
 
 Decode reads every weight once per step, so its speed is the bandwidth of the matrix products
-at a handful of rows, plus the attention over each slot's cached keys. cuBLAS reaches about 3.8
-TB/s on the 8B shape's matrices at one row and 2.8 on the 1B shape's (benchmarks/GPU_NOTES.md);
-:func:`gemv` is a plain streaming kernel for one row, used per shape where it measures faster. :func:`decode_attention` is
+at a handful of rows, plus the attention over each slot's cached keys. :func:`gemv` is a
+streaming kernel for one row with a launch shape measured per weight shape (cold in L2, as a
+step reads it) and programmatic dependent launch, so each product starts reading its weights
+while the kernel before it finishes (benchmarks/GPU_NOTES.md). :func:`decode_attention` is
 split-KV ("flash-decoding"): each program covers one slot, one KV head and one stretch of
 positions, reads only positions below the slot's length (read on the device, so the launch is
-CUDA-graph safe), and a second kernel merges the stretches. New tokens (a decode token, a
-verify window or a flattened draft tree) sit at ``start .. start+T-1`` and see each other
-through ``tree [B, T, T]``; everything before ``start`` is visible.
+CUDA-graph safe), and the last stretch of each (row, KV head) to finish merges them. New
+tokens (a decode token, a verify window or a flattened draft tree) sit at
+``start .. start+T-1`` and see each other through ``tree [B, T, T]``; everything before
+``start`` is visible.
 
 Each kernel is a ``torch.library`` custom op, so ``torch.compile`` treats it as one opaque call.
 """
@@ -84,24 +86,27 @@ if triton is not None:
         tl.store(y_ptr + rn, y, mask=rn < N)
 
     @triton.jit
-    def _attn_partial_kernel(
-        q_ptr, k_ptr, v_ptr, slots_ptr, start_ptr, tree_ptr, m_ptr, l_ptr, acc_ptr, qk_scale,
-        stride_qb, stride_qt, stride_qh, stride_ks, stride_kh, stride_kp,
+    def _attn_kernel(
+        q_ptr, k_ptr, v_ptr, slots_ptr, start_ptr, tree_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr,
+        out_ptr, qk_scale, stride_qb, stride_qt, stride_qh, stride_ks, stride_kh, stride_kp,
+        stride_ob, stride_ot, stride_oh,
         HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
         QROWS: tl.constexpr, PART: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
-        MAX_SEQ: tl.constexpr, IEEE: tl.constexpr,
+        MAX_SEQ: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
     ):  # fmt: skip
+        if PDL:  # let the next product (launched with PDL) start streaming its weights
+            tl.extra.cuda.gdc_launch_dependents()
         pid, split = tl.program_id(0), tl.program_id(1)
         b, kvh = pid // HKV, pid % HKV
         start = tl.load(start_ptr + b)
         total = start + T
+        n_active = tl.minimum(tl.cdiv(total, PART), NSPLIT)
         lo = split * PART
         r = tl.arange(0, QROWS)
         t, g = r // G, r % G
         row_ok = r < T * G
         d = tl.arange(0, D)
-        ws = (pid * NSPLIT + split) * QROWS
-        if lo >= total:  # past the row's length: the merge reads only active splits
+        if lo >= total:  # past the row's length: only the active splits take part
             return
         slot = tl.load(slots_ptr + b).to(tl.int64)
         q_off = b * stride_qb + t[:, None] * stride_qt + (kvh * G + g)[:, None] * stride_qh
@@ -137,44 +142,41 @@ if triton is not None:
                 pv = tl.dot(pr.to(v.dtype), v)
             acc = acc * alpha[:, None] + pv
             m_i = m_new
-        tl.store(m_ptr + ws + r, m_i)
-        tl.store(l_ptr + ws + r, l_i)
-        tl.store(acc_ptr + (ws + r)[:, None] * D + d[None, :], acc)
+        o_off = b * stride_ob + t[:, None] * stride_ot + (kvh * G + g)[:, None] * stride_oh
+        o_ptrs = out_ptr + o_off + d[None, :]
+        if n_active == 1:  # one stretch covers the row: no merge
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        else:
+            ws = (pid * NSPLIT + split) * QROWS
+            tl.store(m_ptr + ws + r, m_i)
+            tl.store(l_ptr + ws + r, l_i)
+            tl.store(acc_ptr + (ws + r)[:, None] * D + d[None, :], acc)
+            tl.debug_barrier()  # every thread's stores precede the count (release below)
+            # The last stretch to finish merges all of them (no second kernel per layer).
+            if tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel") == n_active - 1:
+                out = _attn_merge(m_ptr, l_ptr, acc_ptr, pid, r, d, n_active, D, QROWS, NSPLIT)
+                tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+                tl.store(cnt_ptr + pid, 0)  # ready for the next launch
 
     @triton.jit
-    def _attn_merge_kernel(
-        out_ptr, start_ptr, m_ptr, l_ptr, acc_ptr, stride_ob, stride_ot, stride_oh,
-        HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-        QROWS: tl.constexpr, PART: tl.constexpr, NSPLIT: tl.constexpr,
-    ):  # fmt: skip
-        pid = tl.program_id(0)
-        b, kvh = pid // HKV, pid % HKV
-        n_active = tl.minimum(tl.cdiv(tl.load(start_ptr + b) + T, PART), NSPLIT)
-        r = tl.arange(0, QROWS)
-        d = tl.arange(0, D)
+    def _attn_merge(m_ptr, l_ptr, acc_ptr, pid, r, d, n_active, D: tl.constexpr,
+                    QROWS: tl.constexpr, NSPLIT: tl.constexpr):  # fmt: skip
+        # Combine the stretches' (max, sum, weighted values) of one (row, KV head).
         m_run = tl.full((QROWS,), float("-inf"), tl.float32)
         l_run = tl.zeros((QROWS,), tl.float32)
         acc = tl.zeros((QROWS, D), tl.float32)
         for sp in range(0, n_active):
             ws = (pid * NSPLIT + sp) * QROWS + r
-            m = tl.load(m_ptr + ws)
+            m = tl.load(m_ptr + ws, cache_modifier=".cg")
             m_new = tl.maximum(m_run, m)
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             c_old, c_new = tl.exp2(m_run - m_safe), tl.exp2(m - m_safe)
-            l_run = l_run * c_old + tl.load(l_ptr + ws) * c_new
-            acc = (
-                acc * c_old[:, None]
-                + tl.load(acc_ptr + ws[:, None] * D + d[None, :]) * c_new[:, None]
-            )
+            l_run = l_run * c_old + tl.load(l_ptr + ws, cache_modifier=".cg") * c_new
+            part = tl.load(acc_ptr + ws[:, None] * D + d[None, :], cache_modifier=".cg")
+            acc = acc * c_old[:, None] + part * c_new[:, None]
             m_run = m_new
-        out = acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]
-        t, g = r // G, r % G
-        o_off = b * stride_ob + t[:, None] * stride_ot + (kvh * G + g)[:, None] * stride_oh
-        tl.store(
-            out_ptr + o_off + d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=(r < T * G)[:, None],
-        )
+        return acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]
 
 
 @dataclass(frozen=True)
@@ -188,9 +190,21 @@ class GemvConfig:
     pdl: bool = True  # programmatic dependent launch: overlap the previous kernel's tail
 
 
-# Measured on one H200 (benchmarks/GPU_NOTES.md, "GEMV sweep"): weights cold in L2, each shape
-# launched over distinct matrices in one CUDA graph, as in a decode step.
-GEMV_CONFIGS: dict[tuple[int, int], GemvConfig] = {}
+# The fastest of 31 launch shapes per weight shape on one H200 (benchmarks/gemv_sweep.py;
+# GPU_NOTES.md, "GEMV sweep"): weights cold in L2, each shape launched over distinct matrices in
+# one CUDA graph, as in a decode step. Llama-3.2-1B and Llama-3-8B shapes: qkv, wo, w13, w2, head.
+GEMV_CONFIGS: dict[tuple[int, int], GemvConfig] = {
+    (3072, 2048): GemvConfig(8, 1024, 8),
+    (2048, 2048): GemvConfig(4, 1024, 8),
+    (16384, 2048): GemvConfig(4, 2048, 4),
+    (2048, 8192): GemvConfig(8, 2048, 8),
+    (128256, 2048): GemvConfig(4, 1024, 2),
+    (6144, 4096): GemvConfig(16, 512, 8),
+    (4096, 4096): GemvConfig(4, 1024, 2),
+    (28672, 4096): GemvConfig(8, 1024, 8),
+    (4096, 14336): GemvConfig(8, 1024, 4),
+    (128256, 4096): GemvConfig(4, 2048, 4),
+}
 PDL_OK = True  # set False before the first product to launch without PDL anywhere
 
 
@@ -249,12 +263,14 @@ def gemv_fits(weight: torch.Tensor) -> bool:
     return weight.is_contiguous() and weight.shape[1] % 1024 == 0
 
 
-def gemv_beats_cublas(weight: torch.Tensor, reps: int = 4) -> bool:
-    """Time one-row products with ``weight`` both ways, each as a CUDA graph; True if ours wins.
+def gemv_preferred(weight: torch.Tensor, reps: int = 4, margin: float = 1.1) -> bool:
+    """Whether one-row products with ``weight`` go to :func:`gemv` rather than cuBLAS.
 
-    Which is faster depends on the shape, so the choice is measured on the device, once per
-    shape. A decode step reads each matrix once, cold in L2, so the timed graph runs over
-    enough copies of ``weight`` (at least 256 MB) that none stays in the 60 MB L2.
+    Both are timed as CUDA graphs, once per shape. :func:`gemv` is kept unless cuBLAS is more
+    than ``margin`` times faster: it also fuses the norm, SiLU product and residual add that
+    cost cuBLAS extra kernels, and overlaps the kernel before it. A decode step reads each
+    matrix once, cold in L2, so the timed graph runs over enough copies of ``weight`` (at least
+    256 MB) that none stays in the 60 MB L2.
     """
     copies = [weight] + [weight.clone() for _ in range(min(15, (256 << 20) // weight.nbytes))]
     x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
@@ -274,7 +290,7 @@ def gemv_beats_cublas(weight: torch.Tensor, reps: int = 4) -> bool:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return times[0] < times[1]
+    return times[0] <= margin * times[1]
 
 
 def attention_partition(batch: int) -> int:
@@ -309,17 +325,30 @@ def decode_attention(
     acc = torch.empty(ws_rows, d, dtype=torch.float32, device=q.device)
     out = torch.empty_like(q)
     ieee = q.dtype == torch.float32
-    common = dict(HKV=hkv, T=t, G=g, D=d, QROWS=qrows, PART=part, NSPLIT=nsplit)
-    _attn_partial_kernel[(bsz * hkv, nsplit)](
-        q, k_cache, v_cache, slots, start, tree, m, lsum, acc, math.log2(math.e) / math.sqrt(d),
-        q.stride(0), q.stride(1), q.stride(2),
+    _attn_kernel[(bsz * hkv, nsplit)](
+        q, k_cache, v_cache, slots, start, tree, m, lsum, acc, _counters(bsz * hkv, q.device),
+        out, math.log2(math.e) / math.sqrt(d), q.stride(0), q.stride(1), q.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        BLOCK_S=min(part, 64), MAX_SEQ=max_seq, IEEE=ieee, num_warps=4, **common,
+        out.stride(0), out.stride(1), out.stride(2),
+        HKV=hkv, T=t, G=g, D=d, QROWS=qrows, PART=part, BLOCK_S=min(part, 64), NSPLIT=nsplit,
+        MAX_SEQ=max_seq, IEEE=ieee, PDL=q.is_cuda and _pdl_supported(), num_warps=4,
     )  # fmt: skip
-    _attn_merge_kernel[(bsz * hkv,)](
-        out, start, m, lsum, acc, out.stride(0), out.stride(1), out.stride(2), num_warps=4, **common
-    )
     return out
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(n: int, device: torch.device) -> torch.Tensor:
+    """Zeroed int32 arrival counters of the split-KV programs; each launch leaves them zero.
+
+    Allocated once per device (outside graph capture: the step is always run before it is
+    captured) and shared by all launches, which a stream runs one after another.
+    """
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return buf
 
 
 @decode_attention.register_fake
