@@ -88,12 +88,16 @@ if triton is not None:
     @triton.jit
     def _attn_kernel(
         q_ptr, k_ptr, v_ptr, slots_ptr, start_ptr, tree_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr,
-        out_ptr, qk_scale, stride_qb, stride_qt, stride_qh, stride_ks, stride_kh, stride_kp,
-        stride_ob, stride_ot, stride_oh,
+        out_ptr, pos_ptr, cos_ptr, sin_ptr, qk_scale, stride_qb, stride_qt, stride_qh,
+        stride_ks, stride_kh, stride_kp, stride_ob, stride_ot, stride_oh,
         HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
         QROWS: tl.constexpr, PART: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
-        MAX_SEQ: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+        MAX_SEQ: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
+        TP: tl.constexpr,
     ):  # fmt: skip
+        # ROPE: q_ptr is the QKV projection [B, T, (H + 2 Hkv) * D] before rotary; this kernel
+        # rotates q and the new k (positions pos [B, T], tables cos/sin [*, D]) and writes the
+        # new k and v into the cache, so no separate rotary and scatter kernels run.
         if PDL:  # let the next product (launched with PDL) start streaming its weights
             tl.extra.cuda.gdc_launch_dependents()
         pid, split = tl.program_id(0), tl.program_id(1)
@@ -112,10 +116,28 @@ if triton is not None:
         q_off = b * stride_qb + t[:, None] * stride_qt + (kvh * G + g)[:, None] * stride_qh
         q = tl.load(q_ptr + q_off + d[None, :], mask=row_ok[:, None], other=0.0)  # [QR, D]
         kv_base = slot * stride_ks + kvh * stride_kh
+        hi = tl.minimum(lo + PART, total)
+        if ROPE:
+            pos = tl.load(pos_ptr + b * T + t, mask=row_ok, other=0)
+            q = _rope(q, q_ptr + q_off, row_ok[:, None], pos, cos_ptr, sin_ptr, d, D)
+            q = q.to(q_ptr.dtype.element_ty)
+            # This stretch writes the new tokens that fall in it, then reads them back.
+            tn = tl.arange(0, TP)
+            p_new = start + tn
+            ok = ((tn < T) & (p_new >= lo) & (p_new < hi) & (p_new < MAX_SEQ))[:, None]
+            row = q_ptr + b * stride_qb + tn[:, None] * stride_qt  # [TP, 1]
+            k_row = row + (HKV * G + kvh) * stride_qh
+            k_new = tl.load(k_row + d[None, :], mask=ok, other=0.0)  # [TP, D]
+            pos_k = tl.load(pos_ptr + b * T + tn, mask=tn < T, other=0)
+            k_new = _rope(k_new, k_row, ok, pos_k, cos_ptr, sin_ptr, d, D)
+            v_new = tl.load(row + (HKV * G + HKV + kvh) * stride_qh + d[None, :], mask=ok)
+            dst = kv_base + p_new[:, None] * stride_kp + d[None, :]
+            tl.store(k_ptr + dst, k_new.to(k_ptr.dtype.element_ty), mask=ok)
+            tl.store(v_ptr + dst, v_new.to(v_ptr.dtype.element_ty), mask=ok)
+            tl.debug_barrier()  # the loop below reads them, from other threads of this program
         m_i = tl.full((QROWS,), float("-inf"), tl.float32)
         l_i = tl.zeros((QROWS,), tl.float32)
         acc = tl.zeros((QROWS, D), tl.float32)
-        hi = tl.minimum(lo + PART, total)
         kv_end = tl.minimum(total, MAX_SEQ)  # padded new tokens may run past the cache
         for s0 in range(lo, hi, BLOCK_S):
             p = s0 + tl.arange(0, BLOCK_S)
@@ -158,6 +180,16 @@ if triton is not None:
                 out = _attn_merge(m_ptr, l_ptr, acc_ptr, pid, r, d, n_active, D, QROWS, NSPLIT)
                 tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
                 tl.store(cnt_ptr + pid, 0)  # ready for the next launch
+
+    @triton.jit
+    def _rope(x, x_ptrs, mask, pos, cos_ptr, sin_ptr, d, D: tl.constexpr):
+        # Half-split rotary of rows x [R, D] loaded from x_ptrs [R, 1] + d (float32 result).
+        half = tl.load(x_ptrs + ((d + D // 2) % D)[None, :], mask=mask, other=0.0).to(tl.float32)
+        rotated = tl.where((d < D // 2)[None, :], -half, half)
+        cs = pos[:, None] * D + d[None, :]
+        cos = tl.load(cos_ptr + cs).to(tl.float32)
+        sin = tl.load(sin_ptr + cs).to(tl.float32)
+        return x.to(tl.float32) * cos + rotated * sin
 
     @triton.jit
     def _attn_merge(m_ptr, l_ptr, acc_ptr, pid, r, d, n_active, D: tl.constexpr,
@@ -313,7 +345,48 @@ def decode_attention(
     query ``t`` sees all positions before ``start[b]`` and new token ``j`` where
     ``tree[b, t, j]`` is non-zero. Returns ``[B, T, H, D]``.
     """
-    bsz, t, h, d = q.shape
+    return _attention(q, k_cache, v_cache, slots, start, tree, q.shape[2], None)
+
+
+@decode_attention.register_fake
+def _(q, k_cache, v_cache, slots, start, tree):
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("mathagent::rope_attention", mutates_args=("k_cache", "v_cache"))
+def rope_attention(
+    qkv: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    start: torch.Tensor,
+    tree: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    n_heads: int,
+) -> torch.Tensor:
+    """:func:`decode_attention` fed by the QKV projection ``[B, T, (H + 2 Hkv) * D]``.
+
+    Rotates q and the new k by ``positions [B, T]`` (half-split tables ``cos/sin [*, D]``),
+    writes the new k and v into the cache at ``start[b] + t`` of slot ``slots[b]`` (positions
+    past the cache are dropped) and attends as :func:`decode_attention`; one kernel instead of
+    rotary, scatter and attention. Returns ``[B, T, H, D]``.
+    """
+    bsz, t = qkv.shape[:2]
+    d = k_cache.shape[3]
+    view = qkv.view(bsz, t, -1, d)  # [B, T, H + 2 Hkv, D]
+    return _attention(view, k_cache, v_cache, slots, start, tree, n_heads, (positions, cos, sin))
+
+
+@rope_attention.register_fake
+def _(qkv, k_cache, v_cache, slots, start, tree, positions, cos, sin, n_heads):
+    return qkv.new_empty(qkv.shape[0], qkv.shape[1], n_heads, k_cache.shape[3])
+
+
+def _attention(q, k_cache, v_cache, slots, start, tree, h, rope) -> torch.Tensor:
+    """Launch the split-KV kernel over ``q [B, T, >=H, D]`` (the first ``h`` heads are queries)."""
+    bsz, t, _, d = q.shape
     hkv, max_seq = k_cache.shape[1], k_cache.shape[2]
     g = h // hkv
     qrows = max(16, triton.next_power_of_2(t * g))
@@ -323,15 +396,17 @@ def decode_attention(
     m = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
     lsum = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
     acc = torch.empty(ws_rows, d, dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
-    ieee = q.dtype == torch.float32
+    out = q.new_empty(bsz, t, h, d)
+    positions, cos, sin = rope if rope is not None else (start, start, start)
+    assert positions.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
     _attn_kernel[(bsz * hkv, nsplit)](
         q, k_cache, v_cache, slots, start, tree, m, lsum, acc, _counters(bsz * hkv, q.device),
-        out, math.log2(math.e) / math.sqrt(d), q.stride(0), q.stride(1), q.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
+        out, positions, cos, sin, math.log2(math.e) / math.sqrt(d),
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), out.stride(0), out.stride(1), out.stride(2),
         HKV=hkv, T=t, G=g, D=d, QROWS=qrows, PART=part, BLOCK_S=min(part, 64), NSPLIT=nsplit,
-        MAX_SEQ=max_seq, IEEE=ieee, PDL=q.is_cuda and _pdl_supported(), num_warps=4,
+        MAX_SEQ=max_seq, IEEE=q.dtype == torch.float32, PDL=q.is_cuda and _pdl_supported(),
+        ROPE=rope is not None, TP=triton.next_power_of_2(t), num_warps=4,
     )  # fmt: skip
     return out
 
@@ -349,8 +424,3 @@ def _counters(n: int, device: torch.device) -> torch.Tensor:
     if buf is None or buf.numel() < n:
         buf = _COUNTERS[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
     return buf
-
-
-@decode_attention.register_fake
-def _(q, k_cache, v_cache, slots, start, tree):
-    return torch.empty_like(q)
