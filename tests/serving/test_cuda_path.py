@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mathagent.serving.engine import cuda_kernels
+from mathagent.serving.engine import cuda_attention, cuda_kernels
 
 pytestmark = [
     pytest.mark.cuda,
@@ -70,7 +70,7 @@ def test_decode_attention_matches_sdpa_with_tree():
     slots, start = torch.tensor([2, 0], device="cuda"), torch.tensor([200, 5], device="cuda")
     tree = torch.tril(torch.ones(t, t, dtype=torch.int8, device="cuda")).repeat(b, 1, 1)
     tree[0, 2, 1] = 0
-    out = cuda_kernels.decode_attention(q, k, v, slots, start, tree)
+    out = cuda_attention.decode_attention(q, k, v, slots, start, tree)
     for i in range(b):
         total = int(start[i]) + t
         keys = k[slots[i], :, :total].repeat_interleave(h // hkv, 0)
@@ -104,8 +104,8 @@ def test_rope_attention_equals_rotate_scatter_attend():
         v_ref[slots[i], :, int(start[i]) : int(start[i]) + n] = v.view(b, t, hkv, d)[
             i, :n
         ].transpose(0, 1)
-    ref = cuda_kernels.decode_attention(q.contiguous(), k_ref, v_ref, slots, start, tree)
-    out = cuda_kernels.rope_attention(
+    ref = cuda_attention.decode_attention(q.contiguous(), k_ref, v_ref, slots, start, tree)
+    out = cuda_attention.rope_attention(
         qkv, k_cache, v_cache, slots, start, tree, positions, cos, sin, h
     )
     assert rel(k_cache, k_ref) < 1e-6 and rel(v_cache, v_ref) < 1e-6

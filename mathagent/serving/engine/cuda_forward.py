@@ -5,7 +5,7 @@ per row, laid out for a bandwidth-bound step: skinny products go to the Triton
 :func:`~mathagent.serving.engine.cuda_kernels.gemv` (with the norms, SiLU product and residual
 adds inside it at one row), attention reads only each slot's cached positions and does the
 rotary and the K/V write itself
-(:func:`~mathagent.serving.engine.cuda_kernels.rope_attention`), and each layer is one
+(:func:`~mathagent.serving.engine.cuda_attention.rope_attention`), and each layer is one
 ``torch.compile`` region whose remaining elementwise work Inductor fuses. The residual add of
 a layer's MLP output is deferred into the next region, so it fuses with that layer's first
 norm. Everything reads its inputs from tensors, so
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mathagent.serving.engine import cuda_kernels
+from mathagent.serving.engine import cuda_attention, cuda_kernels
 from mathagent.serving.engine.model import Transformer
 
 
@@ -140,7 +140,7 @@ def layer_step(
     else:
         qkv = linear(rms_norm(h, ln1, eps), wqkv, shape.fast, bqkv)
     if q_norm is None or k_norm is None:  # rotary and the K/V write run in the attention
-        o = cuda_kernels.rope_attention(qkv, k_cache, v_cache, inp.slots, inp.start, inp.tree,
+        o = cuda_attention.rope_attention(qkv, k_cache, v_cache, inp.slots, inp.start, inp.tree,
                                         inp.positions, cos, sin, nh)  # fmt: skip
     else:
         q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
@@ -150,7 +150,7 @@ def layer_step(
         q, k = rotate(q, rows_cos, rows_sin), rotate(k, rows_cos, rows_sin)
         k_cache[inp.write_slot, :, inp.write] = k
         v_cache[inp.write_slot, :, inp.write] = v.view(bsz, width, nkv, hd)
-        o = cuda_kernels.decode_attention(q, k_cache, v_cache, inp.slots, inp.start, inp.tree)
+        o = cuda_attention.decode_attention(q, k_cache, v_cache, inp.slots, inp.start, inp.tree)
     o = o.reshape(bsz, width, nh * hd)
     if fused:
         h = cuda_kernels.gemv(o, wo, residual=h)
