@@ -239,16 +239,17 @@ def _attention(q, k_cache, v_cache, slots, start, tree, h, rope) -> torch.Tensor
     return out
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
 
 
 def _counters(n: int, device: torch.device) -> torch.Tensor:
     """Zeroed int32 arrival counters of the split-KV programs; each launch leaves them zero.
 
-    Allocated once per device (outside graph capture: the step is always run before it is
-    captured) and shared by all launches, which a stream runs one after another.
+    Allocated per device outside graph capture (a step always runs before it is captured) and
+    shared by all launches, which a stream runs one after another. A larger need gets a new
+    buffer; the old ones stay alive, since captured graphs keep their addresses.
     """
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < n:
-        buf = _COUNTERS[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-    return buf
+    bufs = _COUNTERS.setdefault(device, [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
+    return bufs[-1]
