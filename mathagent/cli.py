@@ -504,6 +504,13 @@ def train_drafter(
     distill_temperature: Annotated[
         float, typer.Option(min=0.0, help="Temperature of the sampled texts.")
     ] = 0.7,
+    distill_seed: Annotated[int, typer.Option(help="Seed of the sampled texts.")] = 0,
+    distill_greedy: Annotated[
+        bool, typer.Option(help="Also write each prompt's greedy text (off: samples only).")
+    ] = True,
+    extra_data: Annotated[
+        list[Path] | None, typer.Option(help="More training text (repeatable), as --data.")
+    ] = None,
     epochs: Annotated[int, typer.Option(min=1, help="Passes over the training text.")] = 3,
     lr: Annotated[float, typer.Option(min=0.0, help="Peak learning rate.")] = 3e-3,
     batch_positions: Annotated[
@@ -550,18 +557,22 @@ def train_drafter(
     if self_distill is not None:
         records = [json.loads(x) for x in self_distill.read_text().splitlines() if x.strip()]
         prompts = [_drafter_prompt(r, engine) for r in records[distill_skip:][:distill_limit]]
-        plan = DistillConfig(distill_tokens, distill_samples, distill_temperature,
-                             time_budget_s=distill_budget_s)  # fmt: skip
+        plan = DistillConfig(distill_tokens, distill_samples, distill_temperature, distill_seed,
+                             distill_greedy, time_budget_s=distill_budget_s)  # fmt: skip
         self_distill_run(engine, prompts, data, plan)
-    if not data.is_file():
-        raise _fail(f"no training data at {data}")
+    for path in [data, *(extra_data or [])]:
+        if not path.is_file():
+            raise _fail(f"no training data at {path}")
     cfg = td.TrainConfig(
         draft_len=draft_len, layers=layers, exit_dim=exit_dim, epochs=epochs, lr=lr,
         batch_positions=batch_positions, max_seq_len=engine.max_seq_len,
         time_budget_s=train_budget_s, base_batch=engine.config.max_batch_size,
     )  # fmt: skip
     encode = lambda text: engine.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    examples = td.load_examples(data, encode, cfg.max_seq_len)
+    examples = [
+        ex for path in [data, *(extra_data or [])]
+        for ex in td.load_examples(path, encode, cfg.max_seq_len)
+    ]  # fmt: skip
     base_fn = td.engine_base_fn(engine.runner)
     emb = engine.runner.model.tok_embeddings.weight.detach()
     metrics = td.train(base_fn, emb, examples, cfg, out, compact=compact)

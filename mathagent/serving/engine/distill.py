@@ -41,7 +41,8 @@ class DistillConfig:
     max_tokens: int = 512
     samples: int = 0  # sampled transcripts per training prompt, besides the greedy one
     temperature: float = 0.7
-    seed: int = 0
+    seed: int = 0  # sample k of prompt i uses seed + k * len(prompts) + i
+    greedy: bool = True  # False: sampled transcripts only (e.g. more data after a greedy run)
     time_budget_s: float | None = None
 
 
@@ -69,8 +70,8 @@ def self_distill(
     from mathagent.serving.engine.config import SamplingParams
     from mathagent.serving.engine.llm_engine import PromptError
 
-    jobs = [(p, 0.0, None) for p in prompts if p.heldout]
-    jobs += [(p, 0.0, None) for p in prompts if not p.heldout]
+    jobs = [(p, 0.0, None) for p in prompts if p.heldout and cfg.greedy]
+    jobs += [(p, 0.0, None) for p in prompts if not p.heldout and cfg.greedy]
     jobs += [
         (p, cfg.temperature, cfg.seed + k * len(prompts) + i)
         for k in range(cfg.samples)

@@ -249,7 +249,11 @@ def _fit(
     cfg: TrainConfig,
     report: Callable[[dict], None],
 ) -> int:
-    """AdamW over random minibatches; warm-up then cosine decay over steps or the time budget."""
+    """AdamW over random minibatches; warm-up then cosine decay over steps or the time budget.
+
+    The drafter is evaluated after every epoch and ends with the weights of its best epoch
+    (held-out ``chain_acceptance_length``): small self-distilled sets overfit late in training.
+    """
     head = drafter.lm_head[-1].weight  # the full softmax: every token competes, as in drafting
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
@@ -257,6 +261,7 @@ def _fit(
     total = cfg.epochs * per_epoch
     gen = torch.Generator(device="cpu").manual_seed(cfg.seed)
     t0, step = time.perf_counter(), 0
+    best: tuple[float, dict[str, Tensor]] | None = None
     while step < total:
         order = torch.randperm(data.size, generator=gen).to(data.hidden.device)
         for s in range(0, data.size, cfg.batch_positions):
@@ -278,9 +283,23 @@ def _fit(
             metrics = evaluate(drafter, emb, eval_data, cfg.top_k)
             report({"event": "eval", "epoch": math.ceil(step / per_epoch), "step": step,
                     "seconds": round(time.perf_counter() - t0, 1), **metrics})  # fmt: skip
+            best = _keep_best(best, drafter, metrics)
             continue
         break
+    # a run stopped by the time budget ends mid-epoch: its last weights are a candidate too
+    best = _keep_best(best, drafter, evaluate(drafter, emb, eval_data, cfg.top_k))
+    drafter.load_state_dict(best[1])
     return step
+
+
+def _keep_best(
+    best: tuple[float, dict[str, Tensor]] | None, drafter: Drafter, metrics: dict[str, float]
+) -> tuple[float, dict[str, Tensor]]:
+    """The better of ``best`` and the drafter's current weights, by held-out chain length."""
+    score = metrics.get("chain_acceptance_length", 0.0)
+    if best is not None and best[0] >= score:
+        return best
+    return score, {k: v.detach().clone() for k, v in drafter.state_dict().items()}
 
 
 def _loss(logits: list[Tensor], labels: Tensor) -> Tensor:
