@@ -4,7 +4,9 @@ One run, one engine, the agent's prompts (its template for the model, tools on) 
 20 problems of ../shared/datasets/gsm8k_test.jsonl, greedy, one request at a time. Methods are
 interleaved per problem so that load on a shared machine hits them alike. Prints JSON: decode
 tokens/s, acceptance length (tokens per target forward) and accepted/drafted per method, each
-method's speedup over plain decoding of the same run, and whether outputs equal plain greedy.
+method's speedup over plain decoding of the same run, whether outputs equal plain greedy, and
+where a speculative step's time goes (drafting vs the verify forward, ms per step) against a
+plain decode step.
 
     python benchmarks/spec_bench.py [--limit 20] [--max-tokens 128] [--draft-len 3]
 """
@@ -22,7 +24,7 @@ from mathagent.agent.prompts import ChatTemplate, select_template
 from mathagent.config import EngineSettings, Settings
 from mathagent.serving.engine.config import EngineConfig, SamplingParams
 from mathagent.serving.engine.llm_engine import LLMEngine
-from mathagent.serving.engine.speculative import SpecStats
+from mathagent.serving.engine.spec_stats import SpecStats
 
 REPO = Path(__file__).resolve().parents[1]
 DATASET = REPO.parent / "shared" / "datasets" / "gsm8k_test.jsonl"
@@ -101,9 +103,11 @@ def main() -> None:
         if method != "none":
             d = stats[method].as_dict()
             entry.update({k: d[k] for k in ("acceptance_length", "drafted_tokens", "accepted_tokens",
-                                             "acceptance_rate", "per_position_acceptance")})  # fmt: skip
+                                             "acceptance_rate", "per_position_acceptance",
+                                             "draft_ms_per_step", "verify_ms_per_step")})  # fmt: skip
         else:
             entry["acceptance_length"] = 1.0
+            entry["ms_per_step"] = round(1000 / tps, 3)
         report["methods"][method.split(":")[0]] = entry
     print(json.dumps(report, indent=2))
 

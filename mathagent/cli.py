@@ -482,7 +482,7 @@ def report(out: Annotated[Path, typer.Argument(help="An eval or bench output fol
 @app.command("train-drafter")
 def train_drafter(
     base: Annotated[str, typer.Option(help="Base model path.")],
-    data: Annotated[Path, typer.Option(help="Training text (JSONL or text).")],
+    data: Annotated[Path, typer.Option(help="Training text (JSONL, .jsonl.gz or text).")],
     out: Annotated[Path, typer.Option(help="Output folder for the drafter.")],
     draft_len: Annotated[int, typer.Option(min=1, help="Draft tokens per beam.")] = 3,
     layers: Annotated[int, typer.Option(min=1, help="Residual layers in the drafter.")] = 2,
@@ -498,11 +498,36 @@ def train_drafter(
     distill_budget_s: Annotated[
         float | None, typer.Option(min=1.0, help="Stop generating after this many seconds.")
     ] = None,
+    distill_samples: Annotated[
+        int, typer.Option(min=0, help="Sampled texts per prompt besides the greedy one.")
+    ] = 0,
+    distill_temperature: Annotated[
+        float, typer.Option(min=0.0, help="Temperature of the sampled texts.")
+    ] = 0.7,
+    distill_seed: Annotated[int, typer.Option(help="Seed of the sampled texts.")] = 0,
+    distill_greedy: Annotated[
+        bool, typer.Option(help="Also write each prompt's greedy text (off: samples only).")
+    ] = True,
+    extra_data: Annotated[
+        list[Path] | None, typer.Option(help="More training text (repeatable), as --data.")
+    ] = None,
     epochs: Annotated[int, typer.Option(min=1, help="Passes over the training text.")] = 3,
     lr: Annotated[float, typer.Option(min=0.0, help="Peak learning rate.")] = 3e-3,
+    batch_positions: Annotated[
+        int, typer.Option(min=1, help="Text positions per training step.")
+    ] = 4096,
+    train_budget_s: Annotated[
+        float | None, typer.Option(min=1.0, help="Stop training after this many seconds.")
+    ] = None,
     exit_dim: Annotated[
         int | None, typer.Option(min=1, help="Own vocab head of this width (default: tied).")
     ] = None,
+    device: Annotated[
+        str | None, typer.Option(help="Engine device for the base (default: the settings').")
+    ] = None,
+    compact: Annotated[
+        bool, typer.Option("--compact", help="Leave a base-tied vocab head out of the checkpoint.")
+    ] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the final metrics as JSON.")
     ] = False,
@@ -512,34 +537,45 @@ def train_drafter(
 
     from mathagent.serving.engine import train_drafter as td
     from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.distill import DistillConfig
+    from mathagent.serving.engine.distill import self_distill as self_distill_run
     from mathagent.serving.engine.llm_engine import LLMEngine
     from mathagent.serving.engine.loader import ModelLoadError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     settings = Settings()
+    engine_settings = settings.engine
+    if device is not None:
+        engine_settings = engine_settings.model_copy(update={"device": device})
     model = None if base == "default" else base
     try:
-        engine = LLMEngine(EngineConfig.from_settings(settings.engine, model), settings.model_dir)
-    except (ModelLoadError, OSError) as exc:
+        engine = LLMEngine(EngineConfig.from_settings(engine_settings, model), settings.model_dir)
+    except (ModelLoadError, OSError, ValueError) as exc:
         raise _fail(str(exc)) from exc
     if engine.tokenizer is None:
         raise _fail(f"{base} has no tokenizer; train-drafter reads text")
     if self_distill is not None:
         records = [json.loads(x) for x in self_distill.read_text().splitlines() if x.strip()]
-        records = records[distill_skip:][:distill_limit]
-        prompts = [_drafter_prompt(r, engine) for r in records]
-        td.self_distill(engine, prompts, data, distill_tokens, distill_budget_s)
-    if not data.is_file():
-        raise _fail(f"no training data at {data}")
+        prompts = [_drafter_prompt(r, engine) for r in records[distill_skip:][:distill_limit]]
+        plan = DistillConfig(distill_tokens, distill_samples, distill_temperature, distill_seed,
+                             distill_greedy, time_budget_s=distill_budget_s)  # fmt: skip
+        self_distill_run(engine, prompts, data, plan)
+    for path in [data, *(extra_data or [])]:
+        if not path.is_file():
+            raise _fail(f"no training data at {path}")
     cfg = td.TrainConfig(
         draft_len=draft_len, layers=layers, exit_dim=exit_dim, epochs=epochs, lr=lr,
-        max_seq_len=engine.max_seq_len,
+        batch_positions=batch_positions, max_seq_len=engine.max_seq_len,
+        time_budget_s=train_budget_s, base_batch=engine.config.max_batch_size,
     )  # fmt: skip
     encode = lambda text: engine.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    examples = td.load_examples(data, encode, cfg.max_seq_len)
-    hidden = td.engine_hidden_fn(engine.runner)
+    examples = [
+        ex for path in [data, *(extra_data or [])]
+        for ex in td.load_examples(path, encode, cfg.max_seq_len)
+    ]  # fmt: skip
+    base_fn = td.engine_base_fn(engine.runner)
     emb = engine.runner.model.tok_embeddings.weight.detach()
-    metrics = td.train(hidden, emb, examples, cfg, out)
+    metrics = td.train(base_fn, emb, examples, cfg, out, compact=compact)
     if as_json:
         _print_json(metrics)
     else:
@@ -547,16 +583,19 @@ def train_drafter(
             typer.echo(f"{key}: {value}")
 
 
-def _drafter_prompt(record: dict, engine) -> str:
+def _drafter_prompt(record: dict, engine):
     """A raw prompt, or a problem rendered as the agent would ask it (its template, tools on)."""
+    from mathagent.serving.engine.distill import DistillPrompt
+
+    ident, heldout = str(record.get("id", "")), bool(record.get("heldout", False))
     if "prompt" in record:
-        return record["prompt"]
+        return DistillPrompt(record["prompt"], ident, heldout)
     from mathagent.agent.prompts import ChatTemplate, select_template
 
     settings = Settings()
     template = select_template(settings.agent.prompt_format, engine.model_name, tools=True)
     messages = template.messages(record["problem"], settings.agent.max_tool_calls)
-    return ChatTemplate(engine.tokenizer).render(messages)
+    return DistillPrompt(ChatTemplate(engine.tokenizer).render(messages), ident, heldout)
 
 
 # Setup failures of the agent's parts, reported as one clear line.

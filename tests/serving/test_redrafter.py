@@ -90,3 +90,23 @@ def test_ngram_copies_what_followed_the_latest_match() -> None:
     assert prop.propose(torch.tensor([7, 8]), 3) == []
     batch = prop.propose_batch([hist, torch.tensor([4, 4])], 2)
     assert batch.tolist() == [[5, 6], [4, -1]]
+
+
+def test_a_shared_head_drafts_like_the_own_head() -> None:
+    torch.manual_seed(1)
+    emb = torch.randn(50, 16)
+    d = Drafter(DrafterConfig(vocab_size=50, hidden_size=16, exit_dim=16, lm_head_from_base=True))
+    d.lm_head[-1].weight.data.copy_(emb)
+    ctx, root = torch.randn(2, 16), torch.tensor([3, 7])
+    own = [d.beam_search(ctx, root, emb, width=w, length=3) for w in (1, 3)]
+    calls = []
+
+    def head(x: torch.Tensor) -> torch.Tensor:
+        calls.append(x.shape)
+        return x @ emb.T
+
+    d.use_head(head)
+    shared = [d.beam_search(ctx, root, emb, width=w, length=3) for w in (1, 3)]
+    assert calls and all(len(s) == 2 for s in calls)  # the head sees [N, exit_dim] rows
+    for a, b in zip(own, shared, strict=True):
+        assert torch.equal(a, b)

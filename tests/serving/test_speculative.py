@@ -75,6 +75,23 @@ def test_greedy_speculation_is_token_identical(engine, plain, layer_skip_draft, 
     assert sum(forwards) < sum(totals)  # speculation saved target forwards
 
 
+def test_redrafter_chain_through_the_target_head_is_token_identical(engine, plain) -> None:
+    """One beam (an argmax chain, the CPU setting), drafting through the target's LM head."""
+    from mathagent.serving.engine.drafters import load_proposer
+    from mathagent.serving.engine.speculative import SpecMethod
+
+    method = SpecMethod("redrafter", f"{SHIPPED_DRAFTER}/")  # a key of its own: one beam
+    proposer = load_proposer(method, engine.runner, 1, engine.speculator.model_dir)
+    assert proposer.drafter._head == engine.runner.model.logits
+    engine.speculator.register(method, proposer)
+    params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, speculative=str(method))
+    batched = engine.generate(PROMPTS, params)
+    assert [r.token_ids for r in batched] == plain
+    stats = [r.metrics.speculative for r in batched]
+    assert sum(s["accepted_tokens"] for s in stats) > 0
+    assert all(s["draft_ms_per_step"] > 0 and s["verify_ms_per_step"] > 0 for s in stats)
+
+
 def test_engine_counts_acceptance_overall(engine) -> None:
     params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, speculative="ngram")
     engine.generate(["1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"], params)

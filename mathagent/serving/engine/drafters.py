@@ -177,7 +177,11 @@ def load_proposer(method: SpecMethod, target: ModelRunner, beams: int, model_dir
                 f"ReDrafter {method.path!r} is shaped for vocab {drafter.config.vocab_size} x "
                 f"hidden {drafter.config.hidden_size}, the target is {emb.shape[0]} x {emb.shape[1]}"
             )
-        return ReDrafterProposer(drafter, emb.detach(), beams)
+        proposer = ReDrafterProposer(drafter, emb.detach(), beams)
+        if drafter.config.lm_head_from_base and target.model.args.tie_word_embeddings:
+            # the drafter's head is the target's own: share its (possibly quantized) projection
+            drafter.use_head(target.model.logits)
+        return proposer
     from mathagent.serving.engine.loader import ModelLoadError, load_model
 
     try:

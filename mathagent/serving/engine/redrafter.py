@@ -18,6 +18,7 @@ says it equals the base model's token embedding (it is then filled in from the b
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -82,9 +83,21 @@ class Drafter(nn.Module):
             x = block(x)
         return x
 
+    def use_head(self, head: Callable[[Tensor], Tensor] | None) -> None:
+        """Project features [N, exit_dim] to logits [N, V] with ``head`` (None: own weight).
+
+        A head tied to the base embedding is the target's own LM head, so drafting can run
+        through the target's (possibly quantized) projection instead of a float32 copy.
+        """
+        self._head = head
+
     def logits(self, context: Tensor, state: Tensor) -> Tensor:
         """Draft logits [..., V] from the target's hidden state and the recurrent state."""
-        return self.lm_head[-1](self.features(context, state)).float()
+        x = self.features(context, state)
+        head = getattr(self, "_head", None)
+        if head is None:
+            return self.lm_head[-1](x).float()
+        return head(x.reshape(-1, x.shape[-1])).float().view(*x.shape[:-1], -1)
 
     def teacher_forced_features(self, hidden: Tensor, embs: Tensor, steps: int) -> list[Tensor]:
         """Training forward: features of step i at position t predict token t + 2 + i.
@@ -110,15 +123,17 @@ class Drafter(nn.Module):
         context: [B, H] target hidden state at the last committed position; root: [B] the token
         the target just produced there; embedding: [V, H] the target's token embedding.
         """
+        if width == 1:
+            return self.greedy_chain(context, root, embedding, length)[:, None]
         b, h = context.shape
         vocab = embedding.shape[0]
+        # step one has a single live beam: score it once, spread its top-W tokens over beams
+        state = self.step_state(context.new_zeros(b, h), embedding[root])  # [B, H]
+        score, first = F.log_softmax(self.logits(context, state), dim=-1).topk(width, dim=-1)
+        beams = torch.stack([root[:, None].expand(b, width), first], -1)  # [B, W, 2]
+        state = state[:, None].expand(b, width, h)
         ctx = context[:, None].expand(b, width, h)
-        beams = root[:, None, None].expand(b, width, 1)
-        state = context.new_zeros(b, width, h)
-        # only beam 0 is live at first, so step one spreads the top-W tokens over the beams
-        score = torch.full((b, width), float("-inf"), device=context.device)
-        score[:, 0] = 0.0
-        for _ in range(length):
+        for _ in range(length - 1):
             state = self.step_state(state, embedding[beams[..., -1]])
             logp = F.log_softmax(self.logits(ctx, state), dim=-1)  # [B, W, V]
             flat = (score[..., None] + logp).view(b, width * vocab)
@@ -129,6 +144,16 @@ class Drafter(nn.Module):
             )
             state = state.gather(1, src[..., None].expand_as(state))
         return beams
+
+    @torch.no_grad()
+    def greedy_chain(self, context: Tensor, root: Tensor, embedding: Tensor, length: int) -> Tensor:
+        """One beam of argmax drafts [B, 1 + length] (no scores: the cheapest draft)."""
+        state = context.new_zeros(context.shape)
+        out = [root]
+        for _ in range(length):
+            state = self.step_state(state, embedding[out[-1]])
+            out.append(self.logits(context, state).argmax(-1))
+        return torch.stack(out, 1)
 
     @torch.no_grad()
     def sample_chain(

@@ -9,6 +9,7 @@ branch has its K/V moved to consecutive positions (at most ``draft_len`` entries
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from mathagent.serving.engine.proposal import Draft, Proposer, SpecRow
 from mathagent.serving.engine.sampler import Sampler, SamplingBatch
+from mathagent.serving.engine.spec_stats import SpecStats
 from mathagent.serving.engine.verify import Tree, build_tree, sample_verify, tree_greedy_verify
 
 if TYPE_CHECKING:
@@ -51,83 +53,6 @@ class SpecMethod:
 
     def __str__(self) -> str:
         return self.kind if self.path is None else f"{self.kind}:{self.path}"
-
-
-@dataclass
-class SpecStats:
-    """Acceptance counters: overall (``/metrics``) or for one request."""
-
-    forwards: int = 0  # target forwards that committed tokens
-    tokens: int = 0  # tokens committed by those forwards
-    drafted: int = 0
-    accepted: int = 0
-    drafted_at: list[int] = field(default_factory=list)  # per draft position
-    accepted_at: list[int] = field(default_factory=list)
-
-    def record(self, depth: int, accepted: int, committed: int) -> None:
-        """Count one verified row: ``depth`` drafted, ``accepted`` kept, ``committed`` emitted."""
-        self.forwards += 1
-        self.tokens += committed
-        self.drafted += depth
-        self.accepted += accepted
-        grow = depth - len(self.drafted_at)
-        if grow > 0:
-            self.drafted_at += [0] * grow
-            self.accepted_at += [0] * grow
-        for i in range(depth):
-            self.drafted_at[i] += 1
-            self.accepted_at[i] += i < accepted
-
-    def merge(self, other: dict) -> None:
-        """Add a finished request's counters (its ``as_dict`` form, plus raw counts)."""
-        self.forwards += other["target_forwards"]
-        self.tokens += other["tokens"]
-        self.drafted += other["drafted_tokens"]
-        self.accepted += other["accepted_tokens"]
-        for i, (d, a) in enumerate(zip(other["drafted_at"], other["accepted_at"], strict=True)):
-            if i == len(self.drafted_at):
-                self.drafted_at.append(0)
-                self.accepted_at.append(0)
-            self.drafted_at[i] += d
-            self.accepted_at[i] += a
-
-    def prometheus(self, label: str) -> list[str]:
-        """``/metrics`` lines: drafted and accepted totals, per-position acceptance rates."""
-        lines = [
-            "# HELP mathagent_spec_draft_tokens_total Draft tokens proposed.",
-            "# TYPE mathagent_spec_draft_tokens_total counter",
-            f"mathagent_spec_draft_tokens_total{{{label}}} {self.drafted}",
-            "# HELP mathagent_spec_accepted_tokens_total Draft tokens accepted by verification.",
-            "# TYPE mathagent_spec_accepted_tokens_total counter",
-            f"mathagent_spec_accepted_tokens_total{{{label}}} {self.accepted}",
-            "# HELP mathagent_spec_acceptance_length Tokens per target forward of speculative requests.",
-            "# TYPE mathagent_spec_acceptance_length gauge",
-            f"mathagent_spec_acceptance_length{{{label}}} {self.as_dict()['acceptance_length']}",
-            "# HELP mathagent_spec_position_acceptance Acceptance rate at each draft position.",
-            "# TYPE mathagent_spec_position_acceptance gauge",
-        ]
-        rates = self.as_dict()["per_position_acceptance"]
-        lines += [
-            f'mathagent_spec_position_acceptance{{{label},position="{i}"}} {r}'
-            for i, r in enumerate(rates)
-        ]
-        return lines
-
-    def as_dict(self) -> dict:
-        """JSON form: acceptance length, accepted/drafted and per-position acceptance."""
-        return {
-            "acceptance_length": round(self.tokens / self.forwards, 4) if self.forwards else 1.0,
-            "drafted_tokens": self.drafted,
-            "accepted_tokens": self.accepted,
-            "acceptance_rate": round(self.accepted / self.drafted, 4) if self.drafted else 0.0,
-            "per_position_acceptance": [
-                round(a / d, 4) for a, d in zip(self.accepted_at, self.drafted_at, strict=True)
-            ],
-            "target_forwards": self.forwards,
-            "tokens": self.tokens,
-            "drafted_at": list(self.drafted_at),
-            "accepted_at": list(self.accepted_at),
-        }
 
 
 @dataclass
@@ -190,13 +115,22 @@ class Speculator:
     def step(self, seqs: list[Sequence]) -> list[list[int]]:
         """Propose, verify and accept for every sequence; return each one's new tokens."""
         self._tracks = {s.request_id: self._tracks.get(s.request_id) or _Track() for s in seqs}
+        start = time.perf_counter()
         rows = [self._row(s) for s in seqs]
         drafts = self._propose(rows)
         trees = [build_tree(d.beams) for d in drafts]
+        drafted = time.perf_counter()
         logits, hidden = self._verify_forward(seqs, trees)
         out = []
         for b, (row, draft, tree) in enumerate(zip(rows, drafts, trees, strict=True)):
             out.append(self._accept(row, draft, tree, logits[b], hidden[b]))
+        # host times; a CUDA step's verify time includes waiting for its results
+        verified = time.perf_counter()
+        self.stats.timed(drafted - start, verified - drafted)
+        for seq in seqs:
+            track = self._tracks[seq.request_id]
+            track.stats.timed(drafted - start, verified - drafted)
+            _mirror(seq, track.stats)
         return out
 
     def _row(self, seq: Sequence) -> SpecRow:
@@ -287,7 +221,6 @@ class Speculator:
             proposer.accepted(row, base, len(path) - 1)
         for stats in (self.stats, track.stats):
             stats.record(draft.depth, len(path) - 1, len(tokens))
-        _mirror(seq, track.stats)
         return tokens
 
     def _compact(self, slot: int | None, base: int, path: list[int]) -> None:

@@ -1,10 +1,11 @@
 """Train a ReDrafter head on a frozen base model (teacher-forced hidden states).
 
-The base runs once over every training sequence; its final hidden states are kept (bf16) and
-the drafter trains on them for several epochs, so the base's cost is paid once. The loss at
-position t sums cross-entropy over the next ``draft_len`` tokens (t + 2 ... t + 1 + draft_len),
-as in apple/ml-recurrent-drafter, and held-out sequences give ``redrafter{i}_top1`` / ``_top5``
-(step i predicts token t + 2 + i with teacher forcing).
+The base runs once over every training sequence (on the engine's device); its final hidden
+states and greedy predictions become a flat table of positions, and the drafter trains on
+random minibatches of positions, so the base's cost is paid once and a step is a few large
+matmuls. The loss at position t sums cross-entropy over the next ``draft_len`` tokens
+(t + 2 ... t + 1 + draft_len), as in apple/ml-recurrent-drafter; held-out sequences give
+``redrafter{i}_top1`` / ``_top5`` (step i predicts token t + 2 + i with teacher forcing).
 """
 
 from __future__ import annotations
@@ -20,18 +21,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from mathagent.serving.engine.distill import open_text
+from mathagent.serving.engine.drafter_data import Positions, build_positions
 from mathagent.serving.engine.redrafter import Drafter, DrafterConfig
 
 if TYPE_CHECKING:
-    from mathagent.serving.engine.llm_engine import LLMEngine
     from mathagent.serving.engine.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
-HiddenFn = Callable[[list[int]], Tensor]  # token ids -> final hidden states [T, H]
+# token-id lists -> per list (final hidden states [T, H], the base's greedy next token [T])
+BaseFn = Callable[[list[list[int]]], list[tuple[Tensor, Tensor]]]
 
 
 @dataclass(frozen=True)
@@ -43,11 +45,13 @@ class TrainConfig:
     exit_dim: int | None = None  # None = the base's hidden size, head tied to the base embedding
     epochs: int = 3
     lr: float = 3e-3
-    batch_tokens: int = 2048
+    batch_positions: int = 4096
     max_seq_len: int = 1024
-    holdout: float = 0.1
+    holdout: float = 0.1  # used only when no example is marked held out
     seed: int = 0
     top_k: int = 5
+    time_budget_s: float | None = None  # training stops (annealed) when this runs out
+    base_batch: int = 1  # sequences per base forward (at most the engine's KV-cache slots)
 
 
 @dataclass
@@ -56,27 +60,22 @@ class Example:
 
     tokens: list[int]
     start: int = 0
+    heldout: bool = False
 
 
 def load_examples(path: Path, encode: Callable[[str], list[int]], max_len: int) -> list[Example]:
-    """Read JSONL (``text``, or ``prompt`` + ``completion``) or plain text (blank-line blocks).
+    """Read JSONL (``text``, or ``prompt`` + ``completion``; ``.gz`` allowed) or plain text.
 
     With prompt + completion only completion tokens are labels: the drafter learns what the
-    base generates, not what users type.
+    base generates, not what users type. ``completion_ids`` (written by self-distillation)
+    are used as they are; ``heldout: true`` marks the evaluation set.
     """
     examples = []
-    if path.suffix == ".jsonl":
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            rec = json.loads(line)
-            if "completion" in rec:
-                prompt = encode(rec.get("prompt", ""))
-                toks = prompt + encode(rec["completion"])
-                start = len(prompt)
-            else:
-                toks, start = encode(rec["text"]), 0
-            examples.append(_clip(toks, start, max_len))
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+        with open_text(path, "r") as f:
+            for line in f:
+                if line.strip():
+                    examples.append(_example(json.loads(line), encode, max_len))
     else:
         blocks = [b for b in path.read_text().split("\n\n") if b.strip()]
         examples = [_clip(encode(b), 0, max_len) for b in blocks]
@@ -84,6 +83,16 @@ def load_examples(path: Path, encode: Callable[[str], list[int]], max_len: int) 
     if not examples:
         raise ValueError(f"{path} holds no usable training text")
     return examples
+
+
+def _example(rec: dict, encode: Callable[[str], list[int]], max_len: int) -> Example:
+    if "completion" not in rec and "completion_ids" not in rec:
+        return _clip(encode(rec["text"]), 0, max_len)
+    prompt = encode(rec.get("prompt", ""))
+    completion = rec.get("completion_ids") or encode(rec["completion"])
+    ex = _clip(prompt + completion, len(prompt), max_len)
+    ex.heldout = bool(rec.get("heldout", False))
+    return ex
 
 
 def _clip(tokens: list[int], start: int, max_len: int) -> Example:
@@ -94,195 +103,32 @@ def _clip(tokens: list[int], start: int, max_len: int) -> Example:
     return Example(tokens[cut:], max(0, start - cut))
 
 
-@dataclass
-class Features:
-    """Teacher-forced base outputs for one sequence."""
+def engine_base_fn(runner: ModelRunner) -> BaseFn:
+    """Hidden states and greedy predictions of the engine's model over a batch of sequences.
 
-    hidden: Tensor  # [T, H] bf16 final hidden states
-    tokens: Tensor  # [T] int64 the text
-    preds: Tensor  # [T] int64 the base's greedy next token at each position
-    start: int  # first completion token (held-out metrics read only the completion)
-    train_from: int  # first position worth training on (shared prompt prefixes count once)
-
-
-def collect_features(
-    hidden_fn: HiddenFn, embedding: Tensor, examples: list[Example]
-) -> list[Features]:
-    """Run the frozen base over every example once; keep hidden states and greedy predictions.
-
-    The labels are the base's own predictions (equal to the text where the text is the base's
-    greedy output), so prompt text teaches the drafter too: that is where the target stands
-    when verification accepts. A prompt prefix shared with an earlier example trains once.
+    Rows go to slots 0..B-1 from position 0 (padded to the longest; padding only writes its
+    own slot's cache past the row's end); results stay on the runner's device.
     """
-    out: list[Features] = []
-    prev: list[int] = []
-    for ex in examples:
-        with torch.inference_mode():
-            h = hidden_fn(ex.tokens)
-            preds = torch.cat([(c.float() @ embedding.T).argmax(-1) for c in h.split(256)])
-        shared = _common_prefix(prev, ex.tokens)
-        prev = ex.tokens
-        train_from = min(shared, ex.start) if out else 0
-        out.append(
-            Features(h.to(torch.bfloat16), torch.tensor(ex.tokens), preds, ex.start, train_from)
-        )
-    return out
 
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def engine_hidden_fn(runner: ModelRunner, chunk: int = 256) -> HiddenFn:
-    """Final hidden states of the engine's model over a token list (slot 0, chunked prefill).
-
-    Consecutive calls that share a prefix reuse its K/V (still in slot 0) and its hidden states,
-    so a few-shot prompt common to all examples is computed once.
-    """
-    last: dict[str, list] = {"tokens": [], "hidden": []}
-
-    def hidden(tokens: list[int]) -> Tensor:
-        if len(tokens) > runner.max_seq_len:
-            raise ValueError(f"a training sequence of {len(tokens)} tokens exceeds the context")
-        # keep at least one token to recompute, so the result is never empty
-        reuse = min(_common_prefix(last["tokens"], tokens), len(tokens) - 1)
-        parts = [t[:reuse] for t in last["hidden"][:1]] if reuse else []
-        for start in range(reuse, len(tokens), chunk):
-            piece = tokens[start : start + chunk]
-            toks = torch.tensor([piece], device=runner.device)
-            pos = torch.arange(start, start + len(piece), device=runner.device)[None]
-            _, h = runner.forward(toks, pos, [0], hidden_only=True)
-            parts.append(h[0].float().cpu())
-        out = torch.cat(parts)
-        last["tokens"], last["hidden"] = list(tokens), [out]
+    def run(batch: list[list[int]]) -> list[tuple[Tensor, Tensor]]:
+        longest = max(len(t) for t in batch)
+        if longest > runner.max_seq_len:
+            raise ValueError(f"a training sequence of {longest} tokens exceeds the context")
+        toks = torch.zeros(len(batch), longest, dtype=torch.long)
+        for b, t in enumerate(batch):
+            toks[b, : len(t)] = torch.tensor(t)
+        pos = torch.arange(longest)[None].expand(len(batch), -1)
+        slots = list(range(len(batch)))
+        _, hidden = runner.forward(toks.to(runner.device), pos.to(runner.device), slots,
+                                   hidden_only=True)  # fmt: skip
+        out = []
+        for b, t in enumerate(batch):
+            h = hidden[b, : len(t)].float()
+            preds = torch.cat([runner.model.logits(c).argmax(-1) for c in h.split(1024)])
+            out.append((h, preds))
         return out
 
-    return hidden
-
-
-def self_distill(
-    engine: LLMEngine,
-    prompts: list[str],
-    out: Path,
-    max_tokens: int,
-    time_budget_s: float | None = None,
-    report: Callable[[dict], None] = lambda m: log.info("%s", m),
-) -> int:
-    """Write the base model's own greedy continuations of ``prompts`` to ``out`` (JSONL).
-
-    Records (``prompt``, ``completion``) are appended as requests finish, so a run stopped by
-    ``time_budget_s`` keeps everything it finished. Returns the number of records written.
-    """
-    from mathagent.serving.engine.config import SamplingParams
-
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    pending = {engine.add_request(p, params): p for p in prompts}
-    texts = dict.fromkeys(pending, "")
-    t0, written, tokens = time.perf_counter(), 0, 0
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w") as f:
-        while engine.has_unfinished():
-            if time_budget_s is not None and time.perf_counter() - t0 > time_budget_s:
-                # greedy prefixes are still the base's own text: keep the unfinished ones too
-                for rid in list(pending):
-                    engine.abort(rid)
-                    if texts[rid]:
-                        f.write(
-                            json.dumps({"prompt": pending[rid], "completion": texts[rid]}) + "\n"
-                        )
-                        written += 1
-                break
-            for res in engine.step():
-                texts[res.request_id] += res.delta_text
-                if res.finished:
-                    rec = {
-                        "prompt": pending.pop(res.request_id),
-                        "completion": texts[res.request_id],
-                    }
-                    f.write(json.dumps(rec) + "\n")
-                    f.flush()
-                    written += 1
-                    tokens += res.metrics.generated_tokens
-                    if written % 32 == 0:
-                        secs = time.perf_counter() - t0
-                        report(
-                            {
-                                "event": "distill",
-                                "records": written,
-                                "tokens": tokens,
-                                "seconds": round(secs, 1),
-                            }
-                        )
-    return written
-
-
-def drafter_loss(
-    drafter: Drafter,
-    embedding: Tensor,
-    feats: Features,
-    steps: int,
-    top_k: int,
-    vocab: Tensor | None = None,
-    completion_only: bool = False,
-) -> tuple[Tensor, dict[str, tuple[float, int]]]:
-    """Loss summed over draft steps, and per-step (correct, count) for top-1 / top-k.
-
-    Step i at position t reads the text up to t + 1 + i and must name the base's greedy token
-    after it (``preds[t + 1 + i]``). ``vocab`` [S] (sorted ids) restricts the softmax to the
-    tokens the labels use: the vocabulary projection dominates the cost, and tokens never
-    used carry no signal. Evaluation passes None (the full vocabulary) and ``completion_only``.
-    """
-    first_label = feats.start if completion_only else feats.train_from
-    # positions before first_label - 2 predict no kept label, and the drafter never looks back
-    offset = max(first_label - 2, 0)
-    hidden = feats.hidden[offset:].float()[None]
-    toks, preds = feats.tokens[offset:], feats.preds[offset:]
-    first_label -= offset
-    xs = drafter.teacher_forced_features(hidden, embedding[toks][None], steps)
-    head = drafter.lm_head[-1].weight
-    w = head if vocab is None else head[vocab]
-    loss = hidden.new_zeros(())
-    stats: dict[str, tuple[float, int]] = {}
-    for i, x in enumerate(xs):
-        labels = preds[1 + i :]  # label of position t is the base's token at t + 2 + i
-        lo = max(first_label - 2 - i, 0)
-        x, labels = x[0, lo : labels.numel()], labels[lo:]
-        if labels.numel() == 0:
-            continue
-        logits = x @ w.T
-        target = labels if vocab is None else _remap(vocab, labels)
-        loss = loss + F.cross_entropy(logits, target)
-        top = logits.topk(top_k, dim=-1).indices
-        hit1 = (top[:, 0] == target).sum().item()
-        hitk = (top == target[:, None]).any(-1).sum().item()
-        stats[f"redrafter{i}_top1"] = (hit1, labels.numel())
-        stats[f"redrafter{i}_top{top_k}"] = (hitk, labels.numel())
-    return loss, stats
-
-
-def _remap(vocab: Tensor, labels: Tensor) -> Tensor:
-    """Token ids -> positions in the sorted ``vocab`` (every label must be in it)."""
-    return torch.searchsorted(vocab, labels)
-
-
-def evaluate(
-    drafter: Drafter, embedding: Tensor, feats: list[Features], cfg: TrainConfig
-) -> dict[str, float]:
-    """Held-out top-1 / top-k accuracy per draft step, over the full vocabulary."""
-    totals: dict[str, list[float]] = {}
-    with torch.no_grad():
-        for f in feats:
-            _, stats = drafter_loss(drafter, embedding, f, cfg.draft_len, cfg.top_k, None, True)
-            for key, (hit, n) in stats.items():
-                acc = totals.setdefault(key, [0.0, 0.0])
-                acc[0] += hit
-                acc[1] += n
-    return {k: round(h / n, 4) for k, (h, n) in sorted(totals.items()) if n}
+    return run
 
 
 def new_drafter(embedding: Tensor, cfg: TrainConfig) -> Drafter:
@@ -307,73 +153,167 @@ def new_drafter(embedding: Tensor, cfg: TrainConfig) -> Drafter:
             proj.weight.data.zero_()
             proj.weight.data[:, :hidden] = torch.eye(hidden)
             proj.bias.data.zero_()
-    return drafter
+    return drafter.to(embedding.device)
+
+
+def step_logits(drafter: Drafter, emb: Tensor, batch: Positions, head: Tensor) -> list[Tensor]:
+    """Logits [N, V'] of every draft step for a batch of positions (teacher-forced)."""
+    state = torch.zeros_like(batch.hidden)
+    out = []
+    for i in range(batch.inputs.shape[1]):
+        state = drafter.step_state(state, emb[batch.inputs[:, i]])
+        out.append(drafter.features(batch.hidden, state) @ head.T)
+    return out
+
+
+@torch.no_grad()
+def evaluate(
+    drafter: Drafter, emb: Tensor, data: Positions, top_k: int, chunk: int = 4096
+) -> dict[str, float]:
+    """Held-out top-1 / top-k per draft step over the full vocabulary, and the expected
+    acceptance length of a greedy chain (1 + sum over steps of P(all steps so far right))."""
+    head = drafter.lm_head[-1].weight
+    k = data.inputs.shape[1]
+    hit1, hitk, count = torch.zeros(k), torch.zeros(k), torch.zeros(k)
+    chain, full = 0.0, 0
+    for s in range(0, data.size, chunk):
+        batch = data.slice(s, s + chunk)
+        ok = batch.labels >= 0  # [N, K]
+        top1 = torch.zeros_like(ok)
+        for i, logits in enumerate(step_logits(drafter, emb, batch, head)):
+            top = logits.topk(top_k, dim=-1).indices
+            lab = batch.labels[:, i]
+            top1[:, i] = top[:, 0] == lab
+            hit1[i] += (top1[:, i] & ok[:, i]).sum().item()
+            hitk[i] += ((top == lab[:, None]).any(-1) & ok[:, i]).sum().item()
+            count[i] += ok[:, i].sum().item()
+        whole = ok.all(-1)  # positions with every step labelled
+        chain += top1[whole].long().cumprod(-1).sum().item()
+        full += int(whole.sum())
+    out = {}
+    for i in range(k):
+        if count[i]:
+            out[f"redrafter{i}_top1"] = round(float(hit1[i] / count[i]), 4)
+            out[f"redrafter{i}_top{top_k}"] = round(float(hitk[i] / count[i]), 4)
+    if full:
+        out["chain_acceptance_length"] = round(1 + chain / full, 4)
+    return out
 
 
 def train(
-    hidden_fn: HiddenFn,
+    base_fn: BaseFn,
     embedding: Tensor,
     examples: list[Example],
     cfg: TrainConfig,
     out: Path,
+    compact: bool = False,
     report: Callable[[dict], None] = lambda m: log.info("%s", m),
 ) -> dict[str, float]:
     """Train, evaluate on held-out examples, save the checkpoint; return the final metrics."""
     torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    examples = list(examples)
-    rng.shuffle(examples)
-    n_eval = max(1, math.ceil(cfg.holdout * len(examples))) if len(examples) > 1 else 0
-    embedding = embedding.float()
+    train_ex, eval_ex = _split(examples, cfg)
+    emb = embedding.detach().float()
     t0 = time.perf_counter()
-    train_feats = collect_features(hidden_fn, embedding, examples[n_eval:])
-    eval_feats = collect_features(hidden_fn, embedding, examples[:n_eval]) or train_feats
-    report(
-        {
-            "event": "features",
-            "sequences": len(examples),
-            "seconds": round(time.perf_counter() - t0, 1),
-        }
-    )
-    vocab = torch.cat([f.preds for f in train_feats]).unique()  # sorted
-    drafter = new_drafter(embedding, cfg)
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    batches = _batches(train_feats, cfg.batch_tokens)
-    total = max(1, cfg.epochs * len(batches))
-    sched = torch.optim.lr_scheduler.OneCycleLR(
-        opt, max_lr=cfg.lr, total_steps=total, pct_start=0.1
-    )
-    step = 0
-    for epoch in range(cfg.epochs):
-        rng.shuffle(batches)
-        for batch in batches:
-            losses = [
-                drafter_loss(drafter, embedding, f, cfg.draft_len, 1, vocab)[0] for f in batch
-            ]
-            loss = torch.stack(losses).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            sched.step()
-            step += 1
-        metrics = evaluate(drafter, embedding, eval_feats, cfg)
-        report({"event": "eval", "epoch": epoch + 1, "step": step, **metrics})
-    drafter.save_pretrained(out, compact=False)
-    metrics = evaluate(drafter, embedding, eval_feats, cfg)
-    (out / "train_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    train_pos = build_positions(base_fn, train_ex, cfg.draft_len, cfg.base_batch)
+    eval_pos = build_positions(base_fn, eval_ex, cfg.draft_len, cfg.base_batch)
+    secs = round(time.perf_counter() - t0, 1)
+    report({"event": "features", "train_sequences": len(train_ex), "eval_sequences": len(eval_ex),
+            "train_positions": train_pos.size, "eval_positions": eval_pos.size, "seconds": secs})  # fmt: skip
+    drafter = new_drafter(emb, cfg)
+    steps = _fit(drafter, emb, train_pos, eval_pos, cfg, report)
+    metrics = evaluate(drafter, emb, eval_pos, cfg.top_k)
+    drafter.cpu().save_pretrained(out, compact=compact)
+    info = {"train_sequences": len(train_ex), "eval_sequences": len(eval_ex),
+            "train_positions": train_pos.size, "eval_positions": eval_pos.size, "steps": steps,
+            "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    (out / "train_metrics.json").write_text(json.dumps({**metrics, **info}, indent=2) + "\n")
     return metrics
 
 
-def _batches(feats: list[Features], batch_tokens: int) -> list[list[Features]]:
-    """Group sequences into batches of about ``batch_tokens`` tokens."""
-    batches, cur, size = [], [], 0
-    for f in feats:
-        cur.append(f)
-        size += f.tokens.numel()
-        if size >= batch_tokens:
-            batches.append(cur)
-            cur, size = [], 0
-    if cur:
-        batches.append(cur)
-    return batches
+def _split(examples: list[Example], cfg: TrainConfig) -> tuple[list[Example], list[Example]]:
+    """Examples marked held out form the evaluation set; otherwise a random ``holdout`` share."""
+    marked = [e for e in examples if e.heldout]
+    if marked:
+        return [e for e in examples if not e.heldout], marked
+    shuffled = list(examples)
+    random.Random(cfg.seed).shuffle(shuffled)
+    n_eval = max(1, math.ceil(cfg.holdout * len(shuffled))) if len(shuffled) > 1 else 0
+    return shuffled[n_eval:], shuffled[:n_eval] or shuffled
+
+
+def _fit(
+    drafter: Drafter,
+    emb: Tensor,
+    data: Positions,
+    eval_data: Positions,
+    cfg: TrainConfig,
+    report: Callable[[dict], None],
+) -> int:
+    """AdamW over random minibatches; warm-up then cosine decay over steps or the time budget.
+
+    The drafter is evaluated after every epoch and ends with the weights of its best epoch
+    (held-out ``chain_acceptance_length``): small self-distilled sets overfit late in training.
+    """
+    head = drafter.lm_head[-1].weight  # the full softmax: every token competes, as in drafting
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    per_epoch = max(1, math.ceil(data.size / cfg.batch_positions))
+    total = cfg.epochs * per_epoch
+    gen = torch.Generator(device="cpu").manual_seed(cfg.seed)
+    t0, step = time.perf_counter(), 0
+    best: tuple[float, dict[str, Tensor]] | None = None
+    while step < total:
+        order = torch.randperm(data.size, generator=gen).to(data.hidden.device)
+        for s in range(0, data.size, cfg.batch_positions):
+            spent = time.perf_counter() - t0
+            progress = max(step / total, spent / cfg.time_budget_s if cfg.time_budget_s else 0.0)
+            if progress >= 1.0:
+                break
+            for group in opt.param_groups:
+                group["lr"] = cfg.lr * _schedule(progress)
+            batch = data.take(order[s : s + cfg.batch_positions])
+            # bf16 matmuls on CUDA (the vocabulary projection dominates); the loss stays fp32
+            with torch.autocast("cuda", torch.bfloat16, enabled=emb.device.type == "cuda"):
+                loss = _loss(step_logits(drafter, emb, batch, head), batch.labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+        else:
+            metrics = evaluate(drafter, emb, eval_data, cfg.top_k)
+            report({"event": "eval", "epoch": math.ceil(step / per_epoch), "step": step,
+                    "seconds": round(time.perf_counter() - t0, 1), **metrics})  # fmt: skip
+            best = _keep_best(best, drafter, metrics)
+            continue
+        break
+    # a run stopped by the time budget ends mid-epoch: its last weights are a candidate too
+    best = _keep_best(best, drafter, evaluate(drafter, emb, eval_data, cfg.top_k))
+    drafter.load_state_dict(best[1])
+    return step
+
+
+def _keep_best(
+    best: tuple[float, dict[str, Tensor]] | None, drafter: Drafter, metrics: dict[str, float]
+) -> tuple[float, dict[str, Tensor]]:
+    """The better of ``best`` and the drafter's current weights, by held-out chain length."""
+    score = metrics.get("chain_acceptance_length", 0.0)
+    if best is not None and best[0] >= score:
+        return best
+    return score, {k: v.detach().clone() for k, v in drafter.state_dict().items()}
+
+
+def _loss(logits: list[Tensor], labels: Tensor) -> Tensor:
+    """Cross-entropy summed over draft steps (a step with no label in the batch adds 0)."""
+    total = logits[0].new_zeros(())
+    for i, lg in enumerate(logits):
+        ok = labels[:, i] >= 0
+        if ok.any():
+            total = total + torch.nn.functional.cross_entropy(lg[ok], labels[ok, i])
+    return total
+
+
+def _schedule(progress: float) -> float:
+    """Learning-rate factor: linear warm-up over the first 5%, then cosine to zero."""
+    if progress < 0.05:
+        return progress / 0.05
+    return 0.5 * (1 + math.cos(math.pi * (progress - 0.05) / 0.95))

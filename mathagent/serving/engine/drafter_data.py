@@ -1,0 +1,104 @@
+"""The drafter's training table: one row per text position, built by one pass of the base.
+
+Row t holds the base's final hidden state at t, the ids of the next ``K`` tokens of the text
+(t + 1 ... t + K, the inputs the recurrent state consumes) and ``K`` labels: the base's greedy
+token after each of them (``preds[t + 1 + i]``, naming token t + 2 + i). Labels are the base's
+own predictions, so the drafter learns what greedy verification accepts. A label whose token
+lies before the example's ``start`` (prompt text) or past its end is -100 (ignored).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+IGNORE = -100
+
+
+class _Example(Protocol):
+    tokens: list[int]
+    start: int
+
+
+@dataclass
+class Positions:
+    """Training rows on one device."""
+
+    hidden: Tensor  # [N, H] float32 base hidden state at t
+    inputs: Tensor  # [N, K] int64 tokens t + 1 ... t + K (0 past the end)
+    labels: Tensor  # [N, K] int64 base's greedy token after each input; -100 = none
+
+    @property
+    def size(self) -> int:
+        """Number of rows."""
+        return self.hidden.shape[0]
+
+    def slice(self, start: int, end: int) -> Positions:
+        """Rows ``start:end``."""
+        return Positions(self.hidden[start:end], self.inputs[start:end], self.labels[start:end])
+
+    def take(self, idx: Tensor) -> Positions:
+        """Rows ``idx`` (a minibatch)."""
+        return Positions(self.hidden[idx], self.inputs[idx], self.labels[idx])
+
+
+def example_rows(
+    hidden: Tensor, preds: Tensor, tokens: Tensor, start: int, k: int
+) -> Positions | None:
+    """Rows of one sequence: hidden [T, H], preds [T], tokens [T] on one device."""
+    t_len = tokens.numel()
+    lo = max(start - 1 - k, 0)  # the first row with a label at or after ``start``
+    if lo > t_len - 2:
+        return None
+    rows = torch.arange(lo, t_len - 1, device=tokens.device)  # step 0 needs token t + 1
+    idx = rows[:, None] + 1 + torch.arange(k, device=tokens.device)  # [N, K]
+    inside = idx < t_len
+    safe = idx.clamp(max=t_len - 1)
+    inputs = torch.where(inside, tokens[safe], torch.zeros_like(safe))
+    labelled = inside & (idx + 1 >= start)  # the label names token idx + 1
+    labels = torch.where(labelled, preds[safe], torch.full_like(safe, IGNORE))
+    keep = labelled.any(-1)
+    return Positions(hidden[rows][keep], inputs[keep], labels[keep])
+
+
+def build_positions(
+    base_fn: Callable[[list[list[int]]], list[tuple[Tensor, Tensor]]],
+    examples: Sequence[_Example],
+    k: int,
+    max_rows: int = 1,
+    batch_tokens: int = 32768,
+) -> Positions:
+    """Run the frozen base over every example once (batched) and gather all their rows."""
+    parts: list[Positions] = []
+    with torch.inference_mode():
+        for group in length_batches([len(e.tokens) for e in examples], max_rows, batch_tokens):
+            outs = base_fn([examples[i].tokens for i in group])
+            for i, (hidden, preds) in zip(group, outs, strict=True):
+                tokens = torch.tensor(examples[i].tokens, device=hidden.device)
+                rows = example_rows(hidden.float(), preds, tokens, examples[i].start, k)
+                if rows is not None:
+                    parts.append(rows)
+    if not parts:
+        raise ValueError("no training positions: every example is too short")
+    # concatenated outside inference mode: plain tensors that autograd may read
+    return Positions(
+        torch.cat([p.hidden for p in parts]),
+        torch.cat([p.inputs for p in parts]),
+        torch.cat([p.labels for p in parts]),
+    )
+
+
+def length_batches(lengths: list[int], max_rows: int, batch_tokens: int) -> list[list[int]]:
+    """Indices grouped by similar length, each group within ``max_rows`` and padded tokens."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        cur = groups[-1] if groups else None
+        if cur and len(cur) < max_rows and (len(cur) + 1) * lengths[i] <= batch_tokens:
+            cur.append(i)
+        else:
+            groups.append([i])
+    return groups
