@@ -522,6 +522,9 @@ def train_drafter(
     exit_dim: Annotated[
         int | None, typer.Option(min=1, help="Own vocab head of this width (default: tied).")
     ] = None,
+    draft_vocab: Annotated[
+        int, typer.Option(min=0, help="Draft only from the N most frequent tokens (0: all).")
+    ] = 0,
     device: Annotated[
         str | None, typer.Option(help="Engine device for the base (default: the settings').")
     ] = None,
@@ -567,6 +570,7 @@ def train_drafter(
         draft_len=draft_len, layers=layers, exit_dim=exit_dim, epochs=epochs, lr=lr,
         batch_positions=batch_positions, max_seq_len=engine.max_seq_len,
         time_budget_s=train_budget_s, base_batch=engine.config.max_batch_size,
+        draft_vocab=draft_vocab,
     )  # fmt: skip
     encode = lambda text: engine.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     examples = [

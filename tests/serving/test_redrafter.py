@@ -110,3 +110,31 @@ def test_a_shared_head_drafts_like_the_own_head() -> None:
     assert calls and all(len(s) == 2 for s in calls)  # the head sees [N, exit_dim] rows
     for a, b in zip(own, shared, strict=True):
         assert torch.equal(a, b)
+
+
+def test_a_draft_vocabulary_restricts_drafts_and_round_trips(tmp_path: Path) -> None:
+    d = _drafter()
+    emb = torch.randn(50, 16)
+    vocab = torch.tensor([2, 5, 11, 17, 23, 29, 31, 40])
+    ctx, root = torch.randn(2, 16), torch.tensor([3, 7])
+    full = d.logits(ctx, torch.randn(2, 16))
+    d.set_draft_vocab(vocab)
+    beams = d.beam_search(ctx, root, emb, width=3, length=3)
+    chain = d.beam_search(ctx, root, emb, width=1, length=3)
+    for drafts in (beams[..., 1:], chain[..., 1:]):
+        assert bool(torch.isin(drafts, vocab).all())
+    state = torch.randn(2, 16)
+    sub = d.logits(ctx, state)
+    assert sub.shape == (2, 8)
+    # the restricted head is the full head's columns: the argmax within the vocabulary agrees
+    d_full = _drafter()
+    torch.testing.assert_close(d_full.logits(ctx, state)[:, vocab], sub)
+    assert full.shape == (2, 50)
+    drafts, q = d.sample_chain(ctx[:1], root[:1], emb, 3, lambda x: x.softmax(-1))
+    assert q.shape == (1, 3, 50) and bool(torch.isin(drafts, vocab).all())
+    torch.testing.assert_close(q.sum(-1), torch.ones(1, 3))
+    assert float(q[..., [i for i in range(50) if i not in vocab.tolist()]].abs().sum()) == 0.0
+    d.save_pretrained(tmp_path / "dv")
+    again = Drafter.from_pretrained(tmp_path / "dv")
+    assert again.config.draft_vocab_size == 8 and torch.equal(again.draft_vocab, vocab)
+    torch.testing.assert_close(again.logits(ctx, state), sub)

@@ -8,6 +8,7 @@ their marginals are compared with the exact ones computed from the target.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,13 @@ def tiny_engine() -> LLMEngine:
         drafter.lm_head[-1].weight.mul_(4.0)
     emb = engine.runner.model.tok_embeddings.weight
     engine.speculator.register(SpecMethod("redrafter", "tiny"), ReDrafterProposer(drafter, emb, 2))
+    # the same head drafting from half the vocabulary: q is zero elsewhere, the residual covers it
+    narrow = Drafter(replace(drafter.config))
+    narrow.load_state_dict(drafter.state_dict())
+    narrow.set_draft_vocab(torch.randperm(1024, generator=torch.Generator().manual_seed(5))[:512])
+    engine.speculator.register(
+        SpecMethod("redrafter", "tiny-vocab"), ReDrafterProposer(narrow, emb, 2)
+    )
     return engine
 
 
@@ -84,7 +92,7 @@ def _exact_marginals(engine: LLMEngine, depth: int) -> list[torch.Tensor]:
     return marginals
 
 
-@pytest.mark.parametrize("method", ["draft:tiny", "redrafter:tiny"])
+@pytest.mark.parametrize("method", ["draft:tiny", "redrafter:tiny", "redrafter:tiny-vocab"])
 def test_sampling_matches_the_target_distribution(tiny_engine, method) -> None:
     exact = _exact_marginals(tiny_engine, 3)
     params = [

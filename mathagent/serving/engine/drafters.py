@@ -7,14 +7,17 @@ distribution warped like the target's, so verification can stay exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from mathagent.serving.engine.ngram import NgramProposer
 from mathagent.serving.engine.proposal import Draft, Proposer, SpecRow
+from mathagent.serving.engine.quant import Int8Linear
 from mathagent.serving.engine.redrafter import Drafter
 
 if TYPE_CHECKING:
@@ -157,6 +160,16 @@ def draft_runner(model: Transformer, target: ModelRunner) -> ModelRunner:
     return ModelRunner(model, target.config)
 
 
+def head_rows(head: nn.Module, rows: Tensor | None) -> Callable[[Tensor], Tensor]:
+    """The target's vocabulary head restricted to ``rows`` (a draft vocabulary), same numerics."""
+    if rows is None:
+        return head
+    if isinstance(head, Int8Linear):
+        return head.rows(rows)
+    weight = head.weight.detach()[rows.to(head.weight.device)]
+    return lambda x: F.linear(x.to(weight.dtype), weight)
+
+
 def load_proposer(method: SpecMethod, target: ModelRunner, beams: int, model_dir: Path) -> Proposer:
     """Build the proposer a method names (loading its weights)."""
     from mathagent.serving.engine.speculative import SpecMethodError
@@ -180,7 +193,7 @@ def load_proposer(method: SpecMethod, target: ModelRunner, beams: int, model_dir
         proposer = ReDrafterProposer(drafter, emb.detach(), beams)
         if drafter.config.lm_head_from_base and target.model.args.tie_word_embeddings:
             # the drafter's head is the target's own: share its (possibly quantized) projection
-            drafter.use_head(target.model.logits)
+            drafter.use_head(head_rows(target.model.output, drafter.draft_vocab))
         return proposer
     from mathagent.serving.engine.loader import ModelLoadError, load_model
 

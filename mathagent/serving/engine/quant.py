@@ -74,6 +74,16 @@ class Int8Linear(nn.Module):
         self.register_buffer("codes", codes, persistent=False)
         self.register_buffer("scales", scales.bfloat16(), persistent=False)
 
+    def rows(self, index: torch.Tensor) -> Int8Linear:
+        """A head over the output rows ``index`` only (a draft vocabulary), same codes."""
+        sub = Int8Linear.__new__(Int8Linear)
+        nn.Module.__init__(sub)
+        sub.in_features, sub.out_features = self.in_features, int(index.numel())
+        index = index.to(self.codes.device)
+        sub.register_buffer("codes", self.codes[index].contiguous(), persistent=False)
+        sub.register_buffer("scales", self.scales[index].contiguous(), persistent=False)
+        return sub
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         out = torch.ops.aten._weight_int8pack_mm(

@@ -40,6 +40,7 @@ class DrafterConfig:
     num_lookback_tokens: int = -1
     model_type: str = "recurrent_drafting_drafter"
     lm_head_from_base: bool = False  # vocab projection initialised from (and frozen to) the base
+    draft_vocab_size: int = 0  # >0: drafts only from these token ids (tensor ``draft_vocab``)
 
 
 class ResBlock(nn.Module):
@@ -67,6 +68,29 @@ class Drafter(nn.Module):
         if config.rnn:
             self.rnn_u = nn.Linear(h, h, bias=True)
             self.rnn_w = nn.Linear(h, h, bias=False)
+        # EAGLE-3's draft vocabulary: the few thousand tokens a model's own math text uses cover
+        # ~99% of what it writes, and projecting onto them costs a tenth of the full head.
+        size = config.draft_vocab_size
+        self.register_buffer("draft_vocab", torch.zeros(size, dtype=torch.long) if size else None)
+
+    def set_draft_vocab(self, token_ids: Tensor | None) -> None:
+        """Draft only from ``token_ids`` (None: the whole vocabulary)."""
+        if token_ids is None:
+            self.config.draft_vocab_size = 0
+            self.register_buffer("draft_vocab", None)
+            return
+        ids = token_ids.to(torch.long).flatten().unique()
+        self.config.draft_vocab_size = int(ids.numel())
+        self.register_buffer("draft_vocab", ids.to(self.lm_head[-1].weight.device))
+
+    def head_weight(self) -> Tensor:
+        """The vocabulary projection [V', exit_dim]: the draft vocabulary's rows when set."""
+        weight = self.lm_head[-1].weight
+        return weight if self.draft_vocab is None else weight[self.draft_vocab]
+
+    def to_tokens(self, index: Tensor) -> Tensor:
+        """Token ids of logit columns (the identity without a draft vocabulary)."""
+        return index if self.draft_vocab is None else self.draft_vocab[index]
 
     def step_state(self, state: Tensor, emb: Tensor) -> Tensor:
         """Advance the recurrent state by one drafted token's embedding."""
@@ -84,19 +108,21 @@ class Drafter(nn.Module):
         return x
 
     def use_head(self, head: Callable[[Tensor], Tensor] | None) -> None:
-        """Project features [N, exit_dim] to logits [N, V] with ``head`` (None: own weight).
+        """Project features [N, exit_dim] to logits [N, V'] with ``head`` (None: own weight).
 
         A head tied to the base embedding is the target's own LM head, so drafting can run
-        through the target's (possibly quantized) projection instead of a float32 copy.
+        through the target's (possibly quantized) projection instead of a float32 copy; with
+        a draft vocabulary, ``head`` must produce the draft vocabulary's columns only.
         """
         self._head = head
 
     def logits(self, context: Tensor, state: Tensor) -> Tensor:
-        """Draft logits [..., V] from the target's hidden state and the recurrent state."""
+        """Draft logits [..., V'] over the draft vocabulary (or all V) from the target's
+        hidden state and the recurrent state; :meth:`to_tokens` maps columns to token ids."""
         x = self.features(context, state)
         head = getattr(self, "_head", None)
         if head is None:
-            return self.lm_head[-1](x).float()
+            return F.linear(x, self.head_weight()).float()
         return head(x.reshape(-1, x.shape[-1])).float().view(*x.shape[:-1], -1)
 
     def teacher_forced_features(self, hidden: Tensor, embs: Tensor, steps: int) -> list[Tensor]:
@@ -126,21 +152,23 @@ class Drafter(nn.Module):
         if width == 1:
             return self.greedy_chain(context, root, embedding, length)[:, None]
         b, h = context.shape
-        vocab = embedding.shape[0]
         # step one has a single live beam: score it once, spread its top-W tokens over beams
         state = self.step_state(context.new_zeros(b, h), embedding[root])  # [B, H]
         score, first = F.log_softmax(self.logits(context, state), dim=-1).topk(width, dim=-1)
+        first = self.to_tokens(first)
         beams = torch.stack([root[:, None].expand(b, width), first], -1)  # [B, W, 2]
         state = state[:, None].expand(b, width, h)
         ctx = context[:, None].expand(b, width, h)
         for _ in range(length - 1):
             state = self.step_state(state, embedding[beams[..., -1]])
-            logp = F.log_softmax(self.logits(ctx, state), dim=-1)  # [B, W, V]
+            logp = F.log_softmax(self.logits(ctx, state), dim=-1)  # [B, W, V']
+            vocab = logp.shape[-1]
             flat = (score[..., None] + logp).view(b, width * vocab)
             score, idx = flat.topk(width, dim=-1)
             src = idx // vocab
+            new = self.to_tokens(idx % vocab)
             beams = torch.cat(
-                [beams.gather(1, src[..., None].expand_as(beams)), (idx % vocab)[..., None]], -1
+                [beams.gather(1, src[..., None].expand_as(beams)), new[..., None]], -1
             )
             state = state.gather(1, src[..., None].expand_as(state))
         return beams
@@ -152,7 +180,7 @@ class Drafter(nn.Module):
         out = [root]
         for _ in range(length):
             state = self.step_state(state, embedding[out[-1]])
-            out.append(self.logits(context, state).argmax(-1))
+            out.append(self.to_tokens(self.logits(context, state).argmax(-1)))
         return torch.stack(out, 1)
 
     @torch.no_grad()
@@ -167,15 +195,18 @@ class Drafter(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Sampling-mode draft: one chain drawn from the warped drafter distribution q.
 
-        ``warp`` maps logits [B, V] to probabilities with the request's temperature/top-p/top-k.
-        Returns drafts [B, length] and q [B, length, V].
+        ``warp`` maps logits [B, V'] to probabilities with the request's temperature/top-p/top-k.
+        Returns drafts [B, length] and q [B, length, V] (zero outside a draft vocabulary).
         """
         state = context.new_zeros(context.shape)
         tok, drafts, qs = root, [], []
         for _ in range(length):
             state = self.step_state(state, embedding[tok])
             q = warp(self.logits(context, state))
-            tok = torch.multinomial(q, 1, generator=generator).squeeze(1)
+            tok = self.to_tokens(torch.multinomial(q, 1, generator=generator).squeeze(1))
+            if self.draft_vocab is not None:
+                full = q.new_zeros(q.shape[0], embedding.shape[0])
+                q = full.index_copy_(1, self.draft_vocab, q)
             drafts.append(tok)
             qs.append(q)
         return torch.stack(drafts, 1), torch.stack(qs, 1)
@@ -211,5 +242,7 @@ class Drafter(nn.Module):
                     f"{path} leaves out {drafter.head_name()}; pass the base embedding"
                 )
             state[drafter.head_name()] = base_embedding
-        drafter.load_state_dict({k: v.float() for k, v in state.items()})
+        drafter.load_state_dict(
+            {k: v if k == "draft_vocab" else v.float() for k, v in state.items()}
+        )
         return drafter

@@ -52,6 +52,7 @@ class TrainConfig:
     top_k: int = 5
     time_budget_s: float | None = None  # training stops (annealed) when this runs out
     base_batch: int = 1  # sequences per base forward (at most the engine's KV-cache slots)
+    draft_vocab: int = 0  # >0: keep this many most frequent training tokens as draft vocab
 
 
 @dataclass
@@ -172,7 +173,7 @@ def evaluate(
 ) -> dict[str, float]:
     """Held-out top-1 / top-k per draft step over the full vocabulary, and the expected
     acceptance length of a greedy chain (1 + sum over steps of P(all steps so far right))."""
-    head = drafter.lm_head[-1].weight
+    head = drafter.head_weight()
     k = data.inputs.shape[1]
     hit1, hitk, count = torch.zeros(k), torch.zeros(k), torch.zeros(k)
     chain, full = 0.0, 0
@@ -181,7 +182,7 @@ def evaluate(
         ok = batch.labels >= 0  # [N, K]
         top1 = torch.zeros_like(ok)
         for i, logits in enumerate(step_logits(drafter, emb, batch, head)):
-            top = logits.topk(top_k, dim=-1).indices
+            top = drafter.to_tokens(logits.topk(min(top_k, logits.shape[-1]), dim=-1).indices)
             lab = batch.labels[:, i]
             top1[:, i] = top[:, 0] == lab
             hit1[i] += (top1[:, i] & ok[:, i]).sum().item()
@@ -198,6 +199,13 @@ def evaluate(
     if full:
         out["chain_acceptance_length"] = round(1 + chain / full, 4)
     return out
+
+
+def frequent_tokens(labels: Tensor, size: int) -> Tensor:
+    """The ``size`` most frequent token ids among ``labels`` (negative = no label)."""
+    ids = labels[labels >= 0].flatten().cpu()
+    counts = torch.bincount(ids)
+    return counts.argsort(descending=True)[: min(size, int((counts > 0).sum()))]
 
 
 def train(
@@ -221,6 +229,8 @@ def train(
             "train_positions": train_pos.size, "eval_positions": eval_pos.size, "seconds": secs})  # fmt: skip
     drafter = new_drafter(emb, cfg)
     steps = _fit(drafter, emb, train_pos, eval_pos, cfg, report)
+    if cfg.draft_vocab:
+        drafter.set_draft_vocab(frequent_tokens(train_pos.labels, cfg.draft_vocab))
     metrics = evaluate(drafter, emb, eval_pos, cfg.top_k)
     drafter.cpu().save_pretrained(out, compact=compact)
     info = {"train_sequences": len(train_ex), "eval_sequences": len(eval_ex),
