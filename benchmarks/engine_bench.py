@@ -5,7 +5,10 @@ transformers (default model, CPU), and aggregate tokens/s with 1 and 8 concurren
 through the real OpenAI-compatible server. Fixed prompt, fixed lengths, greedy; each timing is
 the best of ``--repeats`` runs (the machine is shared, so the best run is the least disturbed).
 
-    python benchmarks/engine_bench.py [--threads 2] [--dtype float32] [--tokens 64]
+    python benchmarks/engine_bench.py [--threads 2] [--configs float32,int4] [--tokens 64]
+
+``float32`` is the engine on the converted weights, as transformers runs them; ``int4`` keeps
+the GGUF's own 4-bit blocks (an int8 head) with bfloat16 activations.
 """
 
 from __future__ import annotations
@@ -51,26 +54,29 @@ def transformers_batch1(model, ids: torch.Tensor, tokens: int) -> tuple[float, f
     return (tokens - 1) / (full - ttft), ttft
 
 
-def batch1(engine: LLMEngine, dtype: torch.dtype, tokens: int, repeats: int) -> dict:
-    """Engine and transformers runs interleaved, so load from other processes hits both alike."""
+def batch1(engines: dict[str, LLMEngine], tokens: int, repeats: int) -> dict:
+    """Every engine and transformers (float32, the converted weights) interleaved, so load from
+    other processes hits all alike."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(engine.loaded.path, dtype=dtype).eval()
-    ids = engine.tokenizer(PROMPT, return_tensors="pt", add_special_tokens=False).input_ids
-    engine_batch1(engine, 4)  # warm-up
+    first = next(iter(engines.values()))
+    model = AutoModelForCausalLM.from_pretrained(first.loaded.path, dtype=torch.float32).eval()
+    ids = first.tokenizer(PROMPT, return_tensors="pt", add_special_tokens=False).input_ids
+    for engine in engines.values():
+        engine_batch1(engine, 4)  # warm-up
     transformers_batch1(model, ids, 4)
-    ours, ref = [], []
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in [*engines, "transformers"]}
     for _ in range(repeats):
-        ours.append(engine_batch1(engine, tokens))
-        ref.append(transformers_batch1(model, ids, tokens))
-
-    def best(runs: list[tuple[float, float]]) -> dict[str, float]:
-        return {
-            "decode_tokens_per_s": round(max(r[0] for r in runs), 2),
-            "ttft_s": round(min(r[1] for r in runs), 4),
+        for name, engine in engines.items():
+            runs[name].append(engine_batch1(engine, tokens))
+        runs["transformers"].append(transformers_batch1(model, ids, tokens))
+    return {
+        name: {
+            "decode_tokens_per_s": round(max(r[0] for r in rs), 2),
+            "ttft_s": round(min(r[1] for r in rs), 4),
         }
-
-    return {"engine_batch1": best(ours), "transformers_batch1": best(ref)}
+        for name, rs in runs.items()
+    }
 
 
 async def _aggregate(base_url: str, concurrency: int, tokens: int) -> float:
@@ -121,35 +127,47 @@ def server_aggregate(engine: LLMEngine, tokens: int, repeats: int) -> dict[str, 
     return out
 
 
+CONFIGS = {  # name -> engine settings; int4 is the fast CPU path (bf16 activations)
+    "float32": dict(dtype="float32", quantization="none"),
+    "int4": dict(dtype="auto", quantization="int4"),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--configs", default="float32,int4", help="engine configs to measure")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
-    settings = EngineSettings(device="cpu", dtype=args.dtype, max_batch_size=8, max_seq_len=1024)
-    engine = LLMEngine(EngineConfig.from_settings(settings), Settings().model_dir)
-    measured = batch1(engine, getattr(torch, args.dtype), args.tokens, args.repeats)
-    ours, ref = measured["engine_batch1"], measured["transformers_batch1"]
-    server = server_aggregate(engine, args.tokens, args.repeats)
-    speedup = ours["decode_tokens_per_s"] / ref["decode_tokens_per_s"]
+    engines = {}
+    for name in args.configs.split(","):
+        settings = EngineSettings(device="cpu", max_batch_size=8, max_seq_len=1024, **CONFIGS[name])
+        engines[name] = LLMEngine(EngineConfig.from_settings(settings), Settings().model_dir)
+    measured = batch1(engines, args.tokens, args.repeats)
+    ref = measured.pop("transformers")
+    results = {}
+    for name, engine in engines.items():
+        server = server_aggregate(engine, args.tokens, args.repeats)
+        speedup = measured[name]["decode_tokens_per_s"] / ref["decode_tokens_per_s"]
+        results[name] = {
+            "engine_batch1": measured[name],
+            "decode_speedup_vs_transformers": round(speedup, 2),
+            "server": server,
+            "goals": {
+                "batch1_decode_2x_transformers": speedup >= 2.0,
+                "concurrency_8_at_least_4x_of_1": server["scaling_8_over_1"] >= 4.0,
+            },
+        }
     result = {
-        "model": engine.model_name,
+        "model": next(iter(engines.values())).model_name,
         "device": "cpu",
-        "dtype": args.dtype,
         "threads": args.threads,
         "decode_tokens": args.tokens,
-        "engine_batch1": ours,
-        "transformers_batch1": ref,
-        "decode_speedup_vs_transformers": round(speedup, 2),
-        "server": server,
-        "goals": {
-            "batch1_decode_2x_transformers": speedup >= 2.0,
-            "concurrency_8_at_least_4x_of_1": server["scaling_8_over_1"] >= 4.0,
-        },
+        "transformers_batch1_float32": ref,
+        "engines": results,
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
     print(json.dumps(result, indent=2))

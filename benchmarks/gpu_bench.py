@@ -6,7 +6,10 @@ GPU and shared between transformers and the engine: the HBM roofline from the we
 batch-1 decode, its aggregate tokens/s at 8 and 64 concurrent requests, speculative decoding
 with an acceptance-controlled drafter (the target's own greedy continuation with one token
 corrupted per step, so the acceptance length is exact) at acceptance lengths 2 to 5, and
-the ReDrafter head's drafting cost. Run: ``PYTHONPATH=. python3 benchmarks/gpu_bench.py``.
+the ReDrafter head's drafting cost. With ``--default-model MODEL --drafter DIR --prompts JSONL``
+also the default model with its trained drafter on the GPU path (real acceptance; see
+``gpu_default_model.py``); ``--tune-gemv`` first re-measures the GEMV launch shapes.
+Run: ``PYTHONPATH=. python3 benchmarks/gpu_bench.py [--default-model ...]``.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
+import gpu_default_model
 from gpu_common import build_hf_model, copy_bandwidth, hf_generate_tok_s, roofline
 
 from mathagent.serving.engine.config import EngineConfig, SamplingParams
+from mathagent.serving.engine.cuda_kernels import GEMV_CONFIGS
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import LoadedModel, _hf_to_engine
 from mathagent.serving.engine.model import ModelArgs, Transformer
@@ -261,11 +266,25 @@ def bench_shape(shape: str, copy_bw: float) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--shapes", nargs="+", default=["llama-3.2-1b", "llama-3-8b"])
+    parser.add_argument("--shapes", nargs="*", default=["llama-3.2-1b", "llama-3-8b"],
+                        help="random-weight model shapes (none: only the default-model section)")  # fmt: skip
+    parser.add_argument("--tune-gemv", action="store_true",
+                        help="sweep the GEMV launch shapes first and use the winners")  # fmt: skip
+    gpu_default_model.add_arguments(parser)
     args = parser.parse_args()
     torch.manual_seed(0)
-    out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    out["copy_bytes_per_s"] = copy_bandwidth()
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    out: dict = {"device": gpu, "torch": torch.__version__}
+    if args.tune_gemv:
+        from gemv_sweep import tune
+
+        t0 = time.perf_counter()
+        sweep = tune(args.shapes)
+        _write_out("gemv_sweep.json", json.dumps(sweep, indent=1))
+        out["gemv_sweep"] = _sweep_summary(sweep, time.perf_counter() - t0)
+    out["gemv_configs"] = {f"{n}x{k}": c.__dict__ for (n, k), c in GEMV_CONFIGS.items()}
+    if args.shapes:
+        out["copy_bytes_per_s"] = copy_bandwidth()
     for shape in args.shapes:
         out[shape] = bench_shape(shape, out["copy_bytes_per_s"])
         print(json.dumps({shape: out[shape]}), flush=True)
@@ -284,11 +303,31 @@ def main() -> None:
     one = out.get("llama-3.2-1b")
     if one:
         out["goals_1b"] = {"b1_ge_55pct_roofline": one["b1_fraction_of_roofline_datasheet"] >= 0.55}
+    if args.default_model:
+        out["default_model"] = gpu_default_model.run(args)
+        print(json.dumps({"default_model": out["default_model"]}), flush=True)
     text = json.dumps(out, indent=1)
     print(text)
+    _write_out("gpu_bench.json", text)
+
+
+def _write_out(name: str, text: str) -> None:
     if os.environ.get("OUT"):
-        with open(os.path.join(os.environ["OUT"], "gpu_bench.json"), "w") as f:
+        with open(os.path.join(os.environ["OUT"], name), "w") as f:
             f.write(text)
+
+
+def _sweep_summary(sweep: dict, seconds: float) -> dict:
+    """Per shape and product: the winner's microseconds against cuBLAS and the two toggles."""
+    res: dict = {"pdl_works": sweep["pdl_works"], "seconds": seconds}
+    for shape, rows in sweep.items():
+        if isinstance(rows, dict):
+            res[shape] = {"chain_us": rows["chain_us"]}
+            for name, row in rows.items():
+                if name != "chain_us":
+                    keys = ("best_us", "best_tb_s", "cublas_us", "no_evict_us", "no_pdl_us")
+                    res[shape][name] = {k: row[k] for k in keys}
+    return res
 
 
 if __name__ == "__main__":

@@ -27,6 +27,10 @@ class EngineSettings(BaseModel):
 
     device: str = Field("auto", description="'auto', 'cpu' or 'cuda[:N]'")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    quantization: Literal["none", "int4"] = Field(
+        "none",
+        description="CPU weight-only quantisation: int4 blocks + int8 head, bf16 activations",
+    )
     max_batch_size: int = Field(8, ge=1, le=1024, description="KV-cache slots")
     max_seq_len: int = Field(4096, ge=64, description="context length per slot")
     speculative: str = Field("none", description="none | ngram | draft:PATH | redrafter:PATH")

@@ -101,7 +101,7 @@ def create_app(engine: LLMEngine) -> FastAPI:
         rid = f"{kind}-{uuid.uuid4().hex}"
         try:
             params = body.sampling_params(default_max)
-            stream = async_engine.generate(prompt, params, rid)
+            stream = async_engine.generate(prompt, params, rid, stream=bool(body.stream))
             first = await anext(stream)  # validation errors surface before any bytes are sent
         except (PromptError, ValueError) as exc:
             return _error(400, str(exc))

@@ -67,6 +67,10 @@ def test_stop_token_ids_and_max_tokens(engine):
     (cut,) = engine.generate(["1 + 1 ="], params)
     assert cut.finish_reason == "stop"
     assert cut.token_ids == full.token_ids[: full.token_ids.index(stop_at)]
+    # the forward that produced only the stop token adds no output: plain decode stays at 1.0
+    assert full.metrics.acceptance_length == 1.0
+    assert cut.metrics.acceptance_length == 1.0
+    assert cut.metrics.target_forwards == len(cut.token_ids)
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(engine):

@@ -162,3 +162,27 @@ def test_embedded_server_default_model(clean_env):
         client = openai.OpenAI(base_url=srv.base_url, api_key="EMPTY", max_retries=0)
         out = client.completions.create(model=srv.model_name, prompt="2 + 2 =", max_tokens=4)
         assert out.usage.completion_tokens >= 1
+
+
+async def test_async_engine_coalesces_a_non_streaming_request():
+    # its own small engine: the module's engine is stepped by the server's engine thread
+    from mathagent.config import EngineSettings
+    from mathagent.serving.engine.async_engine import AsyncEngine
+    from mathagent.serving.engine.config import EngineConfig, SamplingParams
+    from mathagent.serving.engine.llm_engine import LLMEngine
+
+    settings = EngineSettings(device="cpu", dtype="float32", max_batch_size=2, max_seq_len=128)
+    config = EngineConfig.from_settings(settings, model="random:tiny")
+    front = AsyncEngine(LLMEngine(config, Settings().model_dir))
+    front.start()
+    try:
+        params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+        streamed = [o async for o in front.generate([1, 2, 3], params, stream=True)]
+        whole = [o async for o in front.generate([1, 2, 3], params, stream=False)]
+    finally:
+        front.stop()
+    assert len(streamed) == 12
+    assert len(whole) == 2  # the first token (time to first token), then the rest at once
+    assert whole[-1].finished and whole[-1].finish_reason == "length"
+    ids = [t for o in whole for t in o.delta_token_ids]
+    assert ids == [t for o in streamed for t in o.delta_token_ids]

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mathagent.serving.engine.config import SamplingParams
 from mathagent.serving.engine.llm_engine import LLMEngine
@@ -22,7 +22,25 @@ from mathagent.serving.engine.sequence import RequestOutput, Sequence
 @dataclass
 class _Listener:
     loop: asyncio.AbstractEventLoop
+    coalesce: bool  # after the first output, hand over only the merged rest at the end
     queue: asyncio.Queue[RequestOutput | BaseException] = field(default_factory=asyncio.Queue)
+    held: RequestOutput | None = None
+    started: bool = False
+
+    def take(self, out: RequestOutput) -> RequestOutput | None:
+        """The output to hand over now, or None while a coalescing listener holds it back."""
+        if self.held is not None:
+            out = replace(
+                out,
+                delta_text=self.held.delta_text + out.delta_text,
+                delta_token_ids=self.held.delta_token_ids + out.delta_token_ids,
+            )
+            self.held = None
+        if self.coalesce and self.started and not out.finished:
+            self.held = out
+            return None
+        self.started = True
+        return out
 
 
 class AsyncEngine:
@@ -52,16 +70,24 @@ class AsyncEngine:
             self._thread.join(timeout=10)
 
     async def generate(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        stream: bool = True,
     ) -> AsyncIterator[RequestOutput]:
         """Queue a request and yield its outputs until it finishes.
+
+        ``stream=False`` yields the first output (after prefill) and then one output holding
+        the rest: a caller that only wants the whole text does not wake its event loop, and
+        contend with the engine thread for the GIL, once per token.
 
         Raises :class:`~mathagent.serving.engine.llm_engine.PromptError` at once for a prompt
         the engine cannot take.
         """
         rid = request_id or f"async-{next(self._ids)}"
         seq = self.engine.make_sequence(prompt, params, rid)
-        listener = _Listener(asyncio.get_running_loop())
+        listener = _Listener(asyncio.get_running_loop(), coalesce=not stream)
         with self._lock:
             self._listeners[rid] = listener
             self._adds.append(seq)
@@ -102,8 +128,8 @@ class AsyncEngine:
             callback(out)
         with self._lock:
             listener = self._listeners.get(out.request_id)
-        if listener is not None:
-            listener.loop.call_soon_threadsafe(listener.queue.put_nowait, out)
+        if listener is not None and (ready := listener.take(out)) is not None:
+            listener.loop.call_soon_threadsafe(listener.queue.put_nowait, ready)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._lock:

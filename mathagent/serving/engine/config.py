@@ -30,12 +30,15 @@ class EngineConfig:
     draft_beams: int
     eager: bool
     threads: int | None
+    quantization: str = "none"
     prefill_chunk: int = 512
 
     @classmethod
     def from_settings(cls, settings: EngineSettings, model: str | None = None) -> EngineConfig:
         """Resolve 'auto' device/dtype and check the speculative method."""
         device, dtype = resolve_device_dtype(settings.device, settings.dtype)
+        if settings.quantization != "none":
+            dtype = _quantized_dtype(settings, device)
         from mathagent.serving.engine.speculative import SpecMethod, SpecMethodError
 
         try:
@@ -53,6 +56,7 @@ class EngineConfig:
             draft_beams=settings.draft_beams or default_beams(device),
             eager=settings.eager,
             threads=settings.threads,
+            quantization=settings.quantization,
         )
 
 
@@ -60,6 +64,20 @@ def default_beams(device: torch.device) -> int:
     """ReDrafter beams when unset: a tree of 4 on CUDA, where scoring 13 tokens costs about
     what 4 do; one argmax chain on CPU, where every extra token verified or drafted costs time."""
     return 4 if device.type == "cuda" else 1
+
+
+def _quantized_dtype(settings: EngineSettings, device: torch.device) -> torch.dtype:
+    """Quantised weights are a CPU path with bfloat16 activations (the fast kernels' input)."""
+    if device.type != "cpu":
+        raise EngineConfigError(
+            f"quantization {settings.quantization!r} is for device cpu; CUDA runs bf16 weights"
+        )
+    if settings.dtype not in ("auto", "bfloat16"):
+        raise EngineConfigError(
+            f"quantization {settings.quantization!r} runs bfloat16 activations; "
+            f"set dtype auto or bfloat16, not {settings.dtype!r}"
+        )
+    return torch.bfloat16
 
 
 def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:

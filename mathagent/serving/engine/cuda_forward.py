@@ -2,11 +2,13 @@
 
 Same function as :meth:`Transformer.forward` + :meth:`Transformer.logits` for a few new tokens
 per row, laid out for a bandwidth-bound step: skinny products go to the Triton
-:func:`~mathagent.serving.engine.cuda_kernels.gemv`, attention reads only each slot's cached
-positions (:func:`~mathagent.serving.engine.cuda_kernels.decode_attention`), and each layer is
-one ``torch.compile`` region whose elementwise work (residual add + RMSNorm, rotary, the K/V
-write, SiLU) Inductor fuses. The residual add of a layer's MLP output is deferred into the next
-region, so it fuses with that layer's first norm. Everything reads its inputs from tensors, so
+:func:`~mathagent.serving.engine.cuda_kernels.gemv` (with the norms, SiLU product and residual
+adds inside it at one row), attention reads only each slot's cached positions and does the
+rotary and the K/V write itself
+(:func:`~mathagent.serving.engine.cuda_attention.rope_attention`), and each layer is one
+``torch.compile`` region whose remaining elementwise work Inductor fuses. The residual add of
+a layer's MLP output is deferred into the next region, so it fuses with that layer's first
+norm. Everything reads its inputs from tensors, so
 the whole step can be captured in a CUDA graph. The eager model stays the reference.
 """
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mathagent.serving.engine import cuda_kernels
+from mathagent.serving.engine import cuda_attention, cuda_kernels
 from mathagent.serving.engine.model import Transformer
 
 
@@ -117,7 +119,7 @@ def layer_step(
     delta: torch.Tensor | None,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    cos: torch.Tensor,
+    cos: torch.Tensor,  # [max_seq, D] rotary tables, indexed by position
     sin: torch.Tensor,
     inp: StepInputs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -137,14 +139,18 @@ def layer_step(
         qkv = qkv if bqkv is None else qkv + bqkv
     else:
         qkv = linear(rms_norm(h, ln1, eps), wqkv, shape.fast, bqkv)
-    q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
-    q, k = q.view(bsz, width, nh, hd), k.view(bsz, width, nkv, hd)
-    if q_norm is not None and k_norm is not None:
+    if q_norm is None or k_norm is None:  # rotary and the K/V write run in the attention
+        o = cuda_attention.rope_attention(qkv, k_cache, v_cache, inp.slots, inp.start, inp.tree,
+                                        inp.positions, cos, sin, nh)  # fmt: skip
+    else:
+        q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
+        q, k = q.view(bsz, width, nh, hd), k.view(bsz, width, nkv, hd)
         q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
-    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-    k_cache[inp.write_slot, :, inp.write] = k
-    v_cache[inp.write_slot, :, inp.write] = v.view(bsz, width, nkv, hd)
-    o = cuda_kernels.decode_attention(q, k_cache, v_cache, inp.slots, inp.start, inp.tree)
+        rows_cos, rows_sin = cos[inp.positions][:, :, None], sin[inp.positions][:, :, None]
+        q, k = rotate(q, rows_cos, rows_sin), rotate(k, rows_cos, rows_sin)
+        k_cache[inp.write_slot, :, inp.write] = k
+        v_cache[inp.write_slot, :, inp.write] = v.view(bsz, width, nkv, hd)
+        o = cuda_attention.decode_attention(q, k_cache, v_cache, inp.slots, inp.start, inp.tree)
     o = o.reshape(bsz, width, nh * hd)
     if fused:
         h = cuda_kernels.gemv(o, wo, residual=h)
@@ -179,7 +185,7 @@ class CudaForward:
         return frozenset(
             tuple(w.shape)
             for w in weights
-            if cuda_kernels.gemv_fits(w) and cuda_kernels.gemv_beats_cublas(w)
+            if cuda_kernels.gemv_fits(w) and cuda_kernels.gemv_preferred(w)
         )
 
     def _head(
@@ -191,11 +197,9 @@ class CudaForward:
 
     def __call__(self, inp: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
         h = F.embedding(inp.tokens, self.model.tok_embeddings.weight)  # [B, T, H]
-        cos = self.cos[inp.positions][:, :, None]  # [B, T, 1, D]
-        sin = self.sin[inp.positions][:, :, None]
         delta = None
         for i, weights in enumerate(self.weights):
             h, delta = self.layer(
-                self.shape, weights, h, delta, self.k[i], self.v[i], cos, sin, inp
+                self.shape, weights, h, delta, self.k[i], self.v[i], self.cos, self.sin, inp
             )
         return self.head(h, delta)

@@ -1,21 +1,19 @@
-"""Triton kernels of the CUDA decode path: skinny matrix products and attention over the KV cache.
+"""Triton one-row matrix product (GEMV) of the CUDA decode path.
 
 Decode reads every weight once per step, so its speed is the bandwidth of the matrix products
-at a handful of rows, plus the attention over each slot's cached keys. cuBLAS reaches about 3.8
-TB/s on the 8B shape's matrices at one row and 2.8 on the 1B shape's (benchmarks/GPU_NOTES.md);
-:func:`gemv` is a plain streaming kernel for one row, used per shape where it measures faster. :func:`decode_attention` is
-split-KV ("flash-decoding"): each program covers one slot, one KV head and one stretch of
-positions, reads only positions below the slot's length (read on the device, so the launch is
-CUDA-graph safe), and a second kernel merges the stretches. New tokens (a decode token, a
-verify window or a flattened draft tree) sit at ``start .. start+T-1`` and see each other
-through ``tree [B, T, T]``; everything before ``start`` is visible.
+at a handful of rows. :func:`gemv` is a streaming kernel for one row with the RMSNorm, SiLU
+product and residual add fused in, a launch shape measured per weight shape (cold in L2, as a
+step reads it) and programmatic dependent launch, so each product starts reading its weights
+while the kernel before it finishes (benchmarks/GPU_NOTES.md). The attention kernels are in
+``cuda_attention.py``.
 
 Each kernel is a ``torch.library`` custom op, so ``torch.compile`` treats it as one opaque call.
 """
 
 from __future__ import annotations
 
-import math
+import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -33,33 +31,36 @@ def available() -> bool:
 
 if triton is not None:
 
-    def _gemv_configs() -> list[triton.Config]:
-        tiles = [(4, 1024), (8, 512), (8, 1024), (16, 256), (16, 512), (32, 256), (64, 128)]
-        return [
-            triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w)
-            for n, k in tiles
-            for w in (2, 4, 8)
-            if n * k // (32 * w) <= 128  # fp32 accumulator registers per thread
-        ]
+    @triton.jit
+    def _gemv_input(x_ptr, g_ptr, k0, rk, K, rstd, PRO: tl.constexpr, dt: tl.constexpr):
+        # The product's input at k0 + rk, float32, rounded like the eager model's ops.
+        x = tl.load(x_ptr + k0 + rk).to(tl.float32)  # [BK]
+        if PRO == 1:
+            g = tl.load(g_ptr + k0 + rk).to(tl.float32)
+            x = ((x * rstd).to(dt).to(tl.float32) * g).to(dt).to(tl.float32)
+        elif PRO == 2:
+            up = tl.load(x_ptr + K + k0 + rk).to(tl.float32)
+            x = ((x * tl.sigmoid(x)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+        return x
 
-    def _autotune(**kwargs: object):
-        # Short benchmarking per config: every weight shape is tuned when graphs are captured.
-        try:
-            return triton.autotune(**kwargs, warmup=5, rep=20)
-        except TypeError:
-            return triton.autotune(**kwargs)
-
-    @_autotune(configs=_gemv_configs(), key=["N", "K", "PRO", "RESID"])
     @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_wn, eps,
-                     PRO: tl.constexpr, RESID: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+                     PRO: tl.constexpr, RESID: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+        # EVICT: the weights' L2 eviction policy ("evict_first": read once per step).
         # PRO: 0 plain input; 1 RMSNorm(x) * g; 2 silu(x[:K]) * x[K:]. RESID: y += r.
         # Roundings to the model dtype follow the eager model's op-by-op order.
         dt = y_ptr.dtype.element_ty
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+        w_ok = rn[:, None] < N
+        # Weights never change: the first tile is requested before waiting on the previous
+        # kernel (programmatic dependent launch), so the next product's stream starts early.
+        w0 = tl.load(w_ptrs, mask=w_ok, other=0.0, eviction_policy=EVICT)  # [BN, BK]
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         rstd = 0.0
         if PRO == 1:  # every program recomputes the row's statistics: K values, from L2
             ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
@@ -68,115 +69,61 @@ if triton is not None:
                 ss += xv * xv
             rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
         # Elementwise partial sums; one cross-thread reduction at the end, not per K step.
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            w = tl.load(w_ptrs + k0, mask=rn[:, None] < N, other=0.0)  # [BN, BK]
-            x = tl.load(x_ptr + k0 + rk).to(tl.float32)  # [BK]
-            if PRO == 1:
-                g = tl.load(g_ptr + k0 + rk).to(tl.float32)
-                x = ((x * rstd).to(dt).to(tl.float32) * g).to(dt).to(tl.float32)
-            elif PRO == 2:
-                up = tl.load(x_ptr + K + k0 + rk).to(tl.float32)
-                x = ((x * tl.sigmoid(x)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
-            acc += w.to(tl.float32) * x[None, :]
+        acc = w0.to(tl.float32) * _gemv_input(x_ptr, g_ptr, 0, rk, K, rstd, PRO, dt)[None, :]
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            w = tl.load(w_ptrs + k0, mask=w_ok, other=0.0, eviction_policy=EVICT)  # [BN, BK]
+            acc += w.to(tl.float32) * _gemv_input(x_ptr, g_ptr, k0, rk, K, rstd, PRO, dt)[None, :]
         y = tl.sum(acc, axis=1).to(dt)
         if RESID:
             r = tl.load(r_ptr + rn, mask=rn < N, other=0.0)
             y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
         tl.store(y_ptr + rn, y, mask=rn < N)
 
-    @triton.jit
-    def _attn_partial_kernel(
-        q_ptr, k_ptr, v_ptr, slots_ptr, start_ptr, tree_ptr, m_ptr, l_ptr, acc_ptr, qk_scale,
-        stride_qb, stride_qt, stride_qh, stride_ks, stride_kh, stride_kp,
-        HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-        QROWS: tl.constexpr, PART: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
-        MAX_SEQ: tl.constexpr, IEEE: tl.constexpr,
-    ):  # fmt: skip
-        pid, split = tl.program_id(0), tl.program_id(1)
-        b, kvh = pid // HKV, pid % HKV
-        start = tl.load(start_ptr + b)
-        total = start + T
-        lo = split * PART
-        r = tl.arange(0, QROWS)
-        t, g = r // G, r % G
-        row_ok = r < T * G
-        d = tl.arange(0, D)
-        ws = (pid * NSPLIT + split) * QROWS
-        if lo >= total:  # past the row's length: the merge reads only active splits
-            return
-        slot = tl.load(slots_ptr + b).to(tl.int64)
-        q_off = b * stride_qb + t[:, None] * stride_qt + (kvh * G + g)[:, None] * stride_qh
-        q = tl.load(q_ptr + q_off + d[None, :], mask=row_ok[:, None], other=0.0)  # [QR, D]
-        kv_base = slot * stride_ks + kvh * stride_kh
-        m_i = tl.full((QROWS,), float("-inf"), tl.float32)
-        l_i = tl.zeros((QROWS,), tl.float32)
-        acc = tl.zeros((QROWS, D), tl.float32)
-        hi = tl.minimum(lo + PART, total)
-        kv_end = tl.minimum(total, MAX_SEQ)  # padded new tokens may run past the cache
-        for s0 in range(lo, hi, BLOCK_S):
-            p = s0 + tl.arange(0, BLOCK_S)
-            kv_off = kv_base + p[:, None] * stride_kp + d[None, :]
-            k = tl.load(k_ptr + kv_off, mask=p[:, None] < kv_end, other=0.0)  # [BS, D]
-            if IEEE:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
-            else:
-                s = tl.dot(q, tl.trans(k)) * qk_scale  # [QR, BS]
-            rel = p[None, :] - start
-            new = (rel >= 0) & (rel < T)
-            tree_off = (b * T + t[:, None]) * T + rel
-            seen = tl.load(tree_ptr + tree_off, mask=new & row_ok[:, None], other=0)
-            s = tl.where((rel < 0) | (new & (seen != 0)), s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            pr = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(pr, axis=1)
-            v = tl.load(v_ptr + kv_off, mask=p[:, None] < kv_end, other=0.0)
-            if IEEE:
-                pv = tl.dot(pr, v.to(tl.float32), input_precision="ieee")
-            else:
-                pv = tl.dot(pr.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
-        tl.store(m_ptr + ws + r, m_i)
-        tl.store(l_ptr + ws + r, l_i)
-        tl.store(acc_ptr + (ws + r)[:, None] * D + d[None, :], acc)
 
-    @triton.jit
-    def _attn_merge_kernel(
-        out_ptr, start_ptr, m_ptr, l_ptr, acc_ptr, stride_ob, stride_ot, stride_oh,
-        HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
-        QROWS: tl.constexpr, PART: tl.constexpr, NSPLIT: tl.constexpr,
-    ):  # fmt: skip
-        pid = tl.program_id(0)
-        b, kvh = pid // HKV, pid % HKV
-        n_active = tl.minimum(tl.cdiv(tl.load(start_ptr + b) + T, PART), NSPLIT)
-        r = tl.arange(0, QROWS)
-        d = tl.arange(0, D)
-        m_run = tl.full((QROWS,), float("-inf"), tl.float32)
-        l_run = tl.zeros((QROWS,), tl.float32)
-        acc = tl.zeros((QROWS, D), tl.float32)
-        for sp in range(0, n_active):
-            ws = (pid * NSPLIT + sp) * QROWS + r
-            m = tl.load(m_ptr + ws)
-            m_new = tl.maximum(m_run, m)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            c_old, c_new = tl.exp2(m_run - m_safe), tl.exp2(m - m_safe)
-            l_run = l_run * c_old + tl.load(l_ptr + ws) * c_new
-            acc = (
-                acc * c_old[:, None]
-                + tl.load(acc_ptr + ws[:, None] * D + d[None, :]) * c_new[:, None]
-            )
-            m_run = m_new
-        out = acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]
-        t, g = r // G, r % G
-        o_off = b * stride_ob + t[:, None] * stride_ot + (kvh * G + g)[:, None] * stride_oh
-        tl.store(
-            out_ptr + o_off + d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=(r < T * G)[:, None],
-        )
+@dataclass(frozen=True)
+class GemvConfig:
+    """Launch shape of the one-row GEMV for one weight shape."""
+
+    block_n: int  # rows per program
+    block_k: int  # columns per load; K must be a multiple
+    num_warps: int
+    evict: str = "evict_first"  # weights are read once per step: keep L2 for activations
+    pdl: bool = True  # programmatic dependent launch: overlap the previous kernel's tail
+
+
+# The fastest of 31 launch shapes per weight shape on one H200 (benchmarks/gemv_sweep.py;
+# GPU_NOTES.md, "GEMV sweep"): weights cold in L2, each shape launched over distinct matrices in
+# one CUDA graph, as in a decode step. Llama-3.2-1B and Llama-3-8B shapes: qkv, wo, w13, w2, head.
+GEMV_CONFIGS: dict[tuple[int, int], GemvConfig] = {
+    (3072, 2048): GemvConfig(8, 1024, 8),
+    (2048, 2048): GemvConfig(4, 1024, 8),
+    (16384, 2048): GemvConfig(4, 2048, 4),
+    (2048, 8192): GemvConfig(8, 2048, 8),
+    (128256, 2048): GemvConfig(4, 1024, 2),
+    (6144, 4096): GemvConfig(16, 512, 8),
+    (4096, 4096): GemvConfig(4, 1024, 2),
+    (28672, 4096): GemvConfig(8, 1024, 8),
+    (4096, 14336): GemvConfig(8, 1024, 4),
+    (128256, 4096): GemvConfig(4, 2048, 4),
+}
+PDL_OK = True  # set False before the first product to launch without PDL anywhere
+
+
+def gemv_config(n: int, k: int) -> GemvConfig:
+    """The measured launch shape for ``[n, k]`` weights, else one that fills 132 SMs."""
+    cfg = GEMV_CONFIGS.get((n, k))
+    if cfg is None:
+        block_k = 1024 if k % 1024 == 0 else 512 if k % 512 == 0 else 256
+        cfg = GemvConfig(8 if n >= 8192 else 4, block_k, 4)
+    if cfg.pdl and not pdl_supported():
+        cfg = GemvConfig(cfg.block_n, cfg.block_k, cfg.num_warps, cfg.evict, False)
+    return cfg
+
+
+@functools.cache
+def pdl_supported() -> bool:
+    """Whether kernels may use programmatic dependent launch (Hopper, sm_90, or newer)."""
+    return PDL_OK and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
 
 
 @torch.library.custom_op("mathagent::gemv", mutates_args=())
@@ -198,9 +145,12 @@ def gemv(
     y = torch.empty(n, dtype=x.dtype, device=x.device)
     res = x1 if residual is None else residual.reshape(n)
     pro = 1 if norm is not None else 2 if silu_mul else 0
-    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)  # noqa: E731
-    _gemv_kernel[grid](x1, weight, y, x1 if norm is None else norm, res, n, k, weight.stride(0),
-                       eps, PRO=pro, RESID=residual is not None)  # fmt: skip
+    cfg = gemv_config(n, k)
+    _gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
+        x1, weight, y, x1 if norm is None else norm, res, n, k, weight.stride(0), eps,
+        PRO=pro, RESID=residual is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        EVICT=cfg.evict, PDL=cfg.pdl, num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
+    )  # fmt: skip
     return y.view(*x.shape[:-1], n)
 
 
@@ -214,20 +164,25 @@ def gemv_fits(weight: torch.Tensor) -> bool:
     return weight.is_contiguous() and weight.shape[1] % 1024 == 0
 
 
-def gemv_beats_cublas(weight: torch.Tensor, reps: int = 20) -> bool:
-    """Time one-row products with ``weight`` both ways, each as a CUDA graph; True if ours wins.
+def gemv_preferred(weight: torch.Tensor, reps: int = 4, margin: float = 1.1) -> bool:
+    """Whether one-row products with ``weight`` go to :func:`gemv` rather than cuBLAS.
 
-    Which is faster depends on the shape (ours streams the 1 GB LM heads faster; cuBLAS wins
-    on some mid-size matrices), so the choice is measured on the device, once per shape.
+    Both are timed as CUDA graphs, once per shape. :func:`gemv` is kept unless cuBLAS is more
+    than ``margin`` times faster: it also fuses the norm, SiLU product and residual add that
+    cost cuBLAS extra kernels, and overlaps the kernel before it. A decode step reads each
+    matrix once, cold in L2, so the timed graph runs over enough copies of ``weight`` (at least
+    256 MB) that none stays in the 60 MB L2.
     """
+    copies = [weight] + [weight.clone() for _ in range(min(15, (256 << 20) // weight.nbytes))]
     x = torch.randn(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
     times = []
-    for fn in (lambda: gemv(x, weight), lambda: torch.nn.functional.linear(x, weight)):
-        fn()  # autotune / cuBLAS heuristics outside the capture
+    for fn in (gemv, torch.nn.functional.linear):
+        fn(x, weight)  # compile / cuBLAS heuristics outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(reps):
-                fn()
+                for w in copies:
+                    fn(x, w)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         graph.replay()
         start.record()
@@ -236,54 +191,4 @@ def gemv_beats_cublas(weight: torch.Tensor, reps: int = 20) -> bool:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return times[0] < times[1]
-
-
-def attention_partition(batch: int) -> int:
-    """Positions per split-KV program: short for one row (parallelism), long for many."""
-    return 64 if batch <= 2 else 256 if batch <= 16 else 512
-
-
-@torch.library.custom_op("mathagent::decode_attention", mutates_args=())
-def decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slots: torch.Tensor,
-    start: torch.Tensor,
-    tree: torch.Tensor,
-) -> torch.Tensor:
-    """Attention of ``q [B, T, H, D]`` over the slot cache ``[S, Hkv, max_seq, D]``.
-
-    Row ``b``'s new tokens are cached at ``start[b] .. start[b]+T-1`` of slot ``slots[b]``;
-    query ``t`` sees all positions before ``start[b]`` and new token ``j`` where
-    ``tree[b, t, j]`` is non-zero. Returns ``[B, T, H, D]``.
-    """
-    bsz, t, h, d = q.shape
-    hkv, max_seq = k_cache.shape[1], k_cache.shape[2]
-    g = h // hkv
-    qrows = max(16, triton.next_power_of_2(t * g))
-    part = attention_partition(bsz)
-    nsplit = triton.cdiv(max_seq, part)
-    ws_rows = bsz * hkv * nsplit * qrows
-    m = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
-    lsum = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
-    acc = torch.empty(ws_rows, d, dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
-    ieee = q.dtype == torch.float32
-    common = dict(HKV=hkv, T=t, G=g, D=d, QROWS=qrows, PART=part, NSPLIT=nsplit)
-    _attn_partial_kernel[(bsz * hkv, nsplit)](
-        q, k_cache, v_cache, slots, start, tree, m, lsum, acc, math.log2(math.e) / math.sqrt(d),
-        q.stride(0), q.stride(1), q.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        BLOCK_S=min(part, 64), MAX_SEQ=max_seq, IEEE=ieee, num_warps=4, **common,
-    )  # fmt: skip
-    _attn_merge_kernel[(bsz * hkv,)](
-        out, start, m, lsum, acc, out.stride(0), out.stride(1), out.stride(2), num_warps=4, **common
-    )
-    return out
-
-
-@decode_attention.register_fake
-def _(q, k_cache, v_cache, slots, start, tree):
-    return torch.empty_like(q)
+    return times[0] <= margin * times[1]

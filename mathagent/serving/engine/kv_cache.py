@@ -35,21 +35,27 @@ class KVCache:
         self.num_slots = num_slots
         self.max_seq = max_seq
 
+    def write_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Flat row indices ``[B*T*Hkv]`` of a layer's ``[S*Hkv*max_seq, D]`` view where the
+        new tokens' K/V go; built once per step and shared by every layer."""
+        heads = torch.arange(self.k.shape[2], device=positions.device)
+        base = (slots[:, None, None] * self.k.shape[2] + heads) * self.max_seq  # [B, 1, Hkv]
+        return (base + positions[:, :, None]).reshape(-1)
+
     def update(
         self, layer: int, ctx: ForwardContext, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``k, v [B, Hkv, T, D]`` at ``ctx.write_positions``; return each row's cache.
+        """Write ``k, v [B, T, Hkv, D]`` at ``ctx.write_index``; return each row's cache.
 
         The returned keys/values are ``[B, Hkv, kv_len, D]``: views when the rows are
         contiguous slots, else gathered.
         """
         k_layer, v_layer = self.k[layer], self.v[layer]  # [S, Hkv, max_seq, D]
-        pos = ctx.write_positions  # [B, T]
-        rows = ctx.slots[:, None].expand_as(pos)
-        k_layer[rows, :, pos] = k.transpose(1, 2)
-        v_layer[rows, :, pos] = v.transpose(1, 2)
+        dim = k_layer.shape[-1]
+        k_layer.view(-1, dim).index_copy_(0, ctx.write_index, k.reshape(-1, dim))
+        v_layer.view(-1, dim).index_copy_(0, ctx.write_index, v.reshape(-1, dim))
         if ctx.slot_start is not None:
-            sl = slice(ctx.slot_start, ctx.slot_start + pos.shape[0])
+            sl = slice(ctx.slot_start, ctx.slot_start + k.shape[0])
             return k_layer[sl, :, : ctx.kv_len], v_layer[sl, :, : ctx.kv_len]
         return k_layer[ctx.slots, :, : ctx.kv_len], v_layer[ctx.slots, :, : ctx.kv_len]
 

@@ -43,7 +43,9 @@ class LLMEngine:
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         self.config = config
-        self.loaded = loaded or load_model(config.model, model_dir, config.device, config.dtype)
+        self.loaded = loaded or load_model(
+            config.model, model_dir, config.device, config.dtype, config.quantization
+        )
         self.tokenizer = self.loaded.tokenizer
         self.model_name = self.loaded.name
         self.max_seq_len = config.max_seq_len

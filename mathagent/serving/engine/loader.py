@@ -24,6 +24,7 @@ from mathagent.serving.engine.model import (
     ModelArgs,
     Transformer,
 )
+from mathagent.serving.engine.quant import quantize_model
 from mathagent.serving.model_store import DEFAULT_GGUF_NAME, fetch_default_model
 
 # Named shapes for benchmarks and tests; weights are random.
@@ -80,13 +81,26 @@ def _supported() -> str:
 
 
 def load_model(
-    spec: str | None, model_dir: Path, device: torch.device, dtype: torch.dtype
+    spec: str | None,
+    model_dir: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    quantization: str = "none",
 ) -> LoadedModel:
-    """Load the model named by ``spec`` onto ``device`` in ``dtype``."""
+    """Load the model named by ``spec`` onto ``device`` in ``dtype``, quantised if asked.
+
+    Quantisation starts from float32 weights, so a model dequantised from a GGUF gets its
+    original 4-bit codes back (see :mod:`mathagent.serving.engine.quant`).
+    """
+    load_dtype = torch.float32 if quantization != "none" else dtype
     if spec is not None and spec.startswith("random:"):
-        return _load_random(spec.removeprefix("random:"), device, dtype)
-    folder, name = resolve_folder(spec, model_dir)
-    return load_hf_folder(folder, device, dtype, name)
+        loaded = _load_random(spec.removeprefix("random:"), device, load_dtype)
+    else:
+        folder, name = resolve_folder(spec, model_dir)
+        loaded = load_hf_folder(folder, device, load_dtype, name)
+    if quantization != "none":
+        loaded.model = quantize_model(loaded.model, quantization).to(dtype)
+    return loaded
 
 
 def resolve_folder(spec: str | None, model_dir: Path) -> tuple[Path, str]:

@@ -113,7 +113,7 @@ def rope_table(args: ModelArgs, max_len: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [B, H, T, D]`` by ``cos/sin [B, 1, T, D]`` (half-split layout, as HF)."""
+    """Rotate ``x [B, T, H, D]`` by ``cos/sin [B, T, 1, D]`` (half-split layout, as HF)."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
@@ -150,17 +150,17 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(bsz, seqlen, self.n_heads, self.head_dim)
-        k = k.view(bsz, seqlen, self.n_kv, self.head_dim)
+        qkv = self.wqkv(x)
+        qk = qkv[..., : q_size + kv_size].view(bsz, seqlen, self.n_heads + self.n_kv, -1)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), ctx.cos, ctx.sin)  # [B, H, T, D]
-        k = apply_rope(k.transpose(1, 2), ctx.cos, ctx.sin)  # [B, Hkv, T, D]
-        v = v.view(bsz, seqlen, self.n_kv, self.head_dim).transpose(1, 2)
+            q, k = qk.split([self.n_heads, self.n_kv], dim=2)
+            qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=2)
+        qk = apply_rope(qk, ctx.cos, ctx.sin)  # q and k heads rotated together: [B, T, H+Hkv, D]
+        q, k = qk.split([self.n_heads, self.n_kv], dim=2)
+        v = qkv[..., q_size + kv_size :].view(bsz, seqlen, self.n_kv, self.head_dim)
         keys, values = ctx.cache.update(self.layer, ctx, k, v)  # [B, Hkv, S, D]
         out = F.scaled_dot_product_attention(
-            q,
+            q.transpose(1, 2),
             keys,
             values,
             attn_mask=ctx.attn_mask,
@@ -206,11 +206,12 @@ class ForwardContext:
     cache: KVCache
     slots: torch.Tensor  # [B] int64 cache slot per row
     write_positions: torch.Tensor  # [B, T] int64 where each new token's K/V goes
+    write_index: torch.Tensor  # [B*T*Hkv] the same places as flat cache rows (KVCache)
     kv_len: int  # attend over cache positions [0, kv_len)
-    attn_mask: torch.Tensor | None  # [B, 1, T, kv_len] bool, True = attend; None = all
+    attn_mask: torch.Tensor | None  # [B, 1, T, kv_len] additive (0 or -inf); None = all
     is_causal: bool  # no mask tensor: plain causal attention from position 0
-    cos: torch.Tensor  # [B, 1, T, D]
-    sin: torch.Tensor  # [B, 1, T, D]
+    cos: torch.Tensor  # [B, T, 1, D]
+    sin: torch.Tensor  # [B, T, 1, D]
     slot_start: int | None = None  # rows are the contiguous slots [start, start+B): use views
 
 

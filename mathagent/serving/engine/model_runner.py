@@ -93,15 +93,17 @@ class ModelRunner:
         kv_len = int(write.max()) + 1 if attn_mask is None else attn_mask.shape[-1]
         bsz = tokens.shape[0]
         mask, causal = self._mask(positions, kv_len, attn_mask)
+        slot_ids = torch.tensor(slots, device=self.device)
         ctx = ForwardContext(
             cache=self.cache,
-            slots=torch.tensor(slots, device=self.device),
+            slots=slot_ids,
             write_positions=write,
+            write_index=self.cache.write_index(slot_ids, write),
             kv_len=kv_len,
             attn_mask=mask,
             is_causal=causal,
-            cos=self.cos[positions][:, None],  # [B, 1, T, D]
-            sin=self.sin[positions][:, None],
+            cos=self.cos[positions][:, :, None],  # [B, T, 1, D]
+            sin=self.sin[positions][:, :, None],
             slot_start=slots[0] if slots == list(range(slots[0], slots[0] + bsz)) else None,
         )
         hidden = self._model(tokens, ctx)  # [B, T, H]
@@ -114,9 +116,12 @@ class ModelRunner:
     def _mask(
         self, positions: torch.Tensor, kv_len: int, attn_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, bool]:
-        """The attention mask ``[B, 1, T, kv_len]``, or None when SDPA needs none."""
+        """The additive attention mask ``[B, 1, T, kv_len]``, or None when SDPA needs none.
+
+        Built once per step in the model's dtype, so no layer converts a boolean mask again.
+        """
         if attn_mask is not None:
-            return attn_mask[:, None], False
+            return self._additive(attn_mask[:, None]), False
         seqlen = positions.shape[1]
         # Common cases without a mask tensor: decode where every row sees its whole cache,
         # and a prefill from position 0 (plain causal).
@@ -124,7 +129,12 @@ class ModelRunner:
             return None, False
         if seqlen == kv_len and positions.shape[0] == 1:
             return None, True
-        return (self.kv_positions[:kv_len] <= positions[:, :, None])[:, None], False
+        return self._additive((self.kv_positions[:kv_len] <= positions[:, :, None])[:, None]), False
+
+    def _additive(self, allowed: torch.Tensor) -> torch.Tensor:
+        """0 where ``allowed``, -inf elsewhere, in the cache's dtype."""
+        mask = torch.zeros(allowed.shape, dtype=self.cache.k.dtype, device=self.device)
+        return mask.masked_fill_(~allowed, float("-inf"))
 
     def prefill(self, seq: Sequence) -> int | None:
         """Cache the next chunk of ``seq``'s prompt; return the first token when it completes."""

@@ -28,7 +28,7 @@ class RequestMetrics:
     finished: float | None = None
     prompt_tokens: int = 0
     generated_tokens: int = 0
-    target_forwards: int = 0  # decode/verify passes that produced this request's tokens
+    target_forwards: int = 0  # decode/verify passes that produced output tokens for this request
     speculative: dict | None = None  # acceptance counters (SpecStats.as_dict) when drafting
 
     @property
@@ -112,6 +112,7 @@ class Sequence:
         if self.metrics.first_token is None:
             self.metrics.first_token = now
         self.metrics.target_forwards += 1
+        kept = len(self.output_ids)
         for tok in tokens:
             self.output_ids.append(tok)
             if tok in self.stop_token_ids:
@@ -124,6 +125,8 @@ class Sequence:
             if len(self.prompt_ids) + len(self.output_ids) >= max_seq_len:
                 self.finish_reason = "length"
                 break
+        if len(self.output_ids) == kept:  # the step gave only a stop token: no output from it
+            self.metrics.target_forwards -= 1
         delta_text = self.detok.add(self.output_ids, final=self.finish_reason is not None)
         if self.detok.stopped_by is not None and self.finish_reason != "stop":
             self.finish_reason = "stop"

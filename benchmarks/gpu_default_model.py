@@ -1,0 +1,130 @@
+"""The default model with its trained drafter on the GPU path: real acceptance, real speed.
+
+Same workload as ``benchmarks/spec_bench.py`` (the agent's prompts for the first GSM8K test
+problems, tools on, greedy, one request at a time, methods interleaved per problem), but on
+the engine's CUDA path (CUDA graphs; ``eager`` off) and with the problems read from a JSONL
+path, since ``../shared`` does not travel to the GPU machine. Reports per method (none,
+ngram, redrafter:DIR) decode tokens/s, speedup over plain decoding of the same run, acceptance
+length (tokens per target forward), accepted/drafted, and whether the outputs equal plain
+greedy token for token. Used by ``gpu_bench.py --default-model``; runs alone too:
+
+    python benchmarks/gpu_default_model.py --default-model MODEL.gguf|DIR --drafter DIR \
+        --prompts gsm8k_test.jsonl [--default-device cuda] [--default-limit 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from mathagent.agent.prompts import ChatTemplate, select_template
+from mathagent.config import EngineSettings, Settings
+from mathagent.serving.engine.config import EngineConfig, SamplingParams
+from mathagent.serving.engine.llm_engine import LLMEngine
+from mathagent.serving.engine.speculative import SpecStats
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The section's options (shared with gpu_bench.py)."""
+    group = parser.add_argument_group("default model (skipped unless --default-model is given)")
+    group.add_argument("--default-model", help="GGUF file or Hugging Face folder of the model")
+    group.add_argument("--drafter", type=Path, help="ReDrafter checkpoint folder for the model")
+    group.add_argument("--prompts", type=Path, help="JSONL of problems (id, problem, answer)")
+    group.add_argument("--default-limit", type=int, default=20, help="first N problems")
+    group.add_argument("--default-max-tokens", type=int, default=128)
+    group.add_argument("--default-draft-len", type=int, default=3)
+    group.add_argument("--default-device", default="cuda", help="cuda (graphs) or cpu (eager)")
+    group.add_argument("--default-dtype", default="float32", choices=["float32", "bfloat16"])
+    group.add_argument("--model-dir", type=Path, help="where a GGUF is converted (default: temp)")
+
+
+def agent_prompts(engine: LLMEngine, path: Path, limit: int) -> list[str]:
+    """The agent's rendered prompts (tools on) for the first ``limit`` problems of ``path``."""
+    settings = Settings()
+    template = select_template(settings.agent.prompt_format, engine.model_name, tools=True)
+    chat = ChatTemplate(engine.tokenizer)
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()][:limit]
+    return [
+        chat.render(template.messages(r["problem"], settings.agent.max_tool_calls)) for r in rows
+    ]
+
+
+def make_engine(args: argparse.Namespace, model_dir: Path) -> LLMEngine:
+    settings = EngineSettings(
+        device=args.default_device, dtype=args.default_dtype, max_batch_size=1, max_seq_len=2048,
+        draft_len=args.default_draft_len, eager=not args.default_device.startswith("cuda"),
+    )  # fmt: skip
+    return LLMEngine(EngineConfig.from_settings(settings, model=args.default_model), model_dir)
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Time none / ngram / redrafter on the default model; the section's JSON."""
+    if not (args.drafter and args.prompts):
+        raise SystemExit("--default-model needs --drafter DIR and --prompts JSONL")
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = make_engine(args, args.model_dir or Path(tmp))
+        prompts = agent_prompts(engine, args.prompts, args.default_limit)
+        methods = ["none", "ngram", f"redrafter:{args.drafter}"]
+        totals = {m: {"tokens": 0, "seconds": 0.0, "wall": 0.0} for m in methods}
+        stats = {m: SpecStats() for m in methods}
+        outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
+        for method in methods:  # warm-up: captures each method's graphs outside the timing
+            engine.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0.0,
+                                                        speculative=method))  # fmt: skip
+        for prompt in prompts:
+            for method in methods:
+                params = SamplingParams(max_tokens=args.default_max_tokens, temperature=0.0,
+                                        speculative=method)  # fmt: skip
+                start = time.perf_counter()
+                (res,) = engine.generate([prompt], params)
+                totals[method]["wall"] += time.perf_counter() - start
+                m = res.metrics
+                if m.decode_s and len(res.token_ids) > 1:  # the prefill makes the first token
+                    totals[method]["tokens"] += len(res.token_ids) - 1
+                    totals[method]["seconds"] += m.decode_s
+                outputs[method].append(res.token_ids)
+                if m.speculative is not None:
+                    stats[method].merge(m.speculative)
+        return report(engine, args, prompts, methods, totals, stats, outputs)
+
+
+def report(engine, args, prompts, methods, totals, stats, outputs) -> dict:
+    base = totals["none"]["tokens"] / max(totals["none"]["seconds"], 1e-9)
+    out = {"model": engine.model_name, "device": str(engine.config.device),
+           "dtype": str(engine.config.dtype).removeprefix("torch."),
+           "cuda_graphs": engine.runner.graphs is not None, "problems": len(prompts),
+           "max_tokens": args.default_max_tokens, "draft_len": args.default_draft_len,
+           "beams": engine.config.draft_beams, "methods": {}}  # fmt: skip
+    for method in methods:
+        t = totals[method]
+        tps = t["tokens"] / max(t["seconds"], 1e-9)
+        entry = {"decode_tokens_per_s": round(tps, 2), "speedup": round(tps / base, 3),
+                 "tokens": t["tokens"], "end_to_end_s": round(t["wall"], 3),
+                 "identical_to_plain_greedy": outputs[method] == outputs["none"]}  # fmt: skip
+        if method == "none":
+            entry["acceptance_length"] = 1.0
+        else:
+            d = stats[method].as_dict()
+            keys = ("acceptance_length", "drafted_tokens", "accepted_tokens", "acceptance_rate")
+            entry.update({k: d[k] for k in keys})
+        out["methods"][method.split(":")[0]] = entry
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args()
+    if not args.default_model:
+        raise SystemExit("--default-model is required")
+    torch.manual_seed(0)
+    print(json.dumps(run(args), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""Triton attention of the CUDA decode path: split-KV ("flash-decoding") over the slot cache.
+
+Each program covers one slot, one KV head and one stretch of positions, reads only positions
+below the slot's length (read on the device, so the launch is CUDA-graph safe), and the last
+stretch of each (row, KV head) to finish merges them. New tokens (a decode token, a verify
+window or a flattened draft tree) sit at ``start .. start+T-1`` and see each other through
+``tree [B, T, T]``; everything before ``start`` is visible. :func:`rope_attention` also does
+the rotary of q and k and writes the new k and v into the cache (benchmarks/GPU_NOTES.md).
+
+Each kernel is a ``torch.library`` custom op, so ``torch.compile`` treats it as one opaque call.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mathagent.serving.engine.cuda_kernels import pdl_supported
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs have no Triton; the CUDA path is then unavailable
+    triton = None
+
+
+if triton is not None:
+
+    @triton.jit
+    def _attn_kernel(
+        q_ptr, k_ptr, v_ptr, slots_ptr, start_ptr, tree_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr,
+        out_ptr, pos_ptr, cos_ptr, sin_ptr, qk_scale, stride_qb, stride_qt, stride_qh,
+        stride_ks, stride_kh, stride_kp, stride_ob, stride_ot, stride_oh,
+        HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
+        QROWS: tl.constexpr, PART: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
+        MAX_SEQ: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
+        TP: tl.constexpr,
+    ):  # fmt: skip
+        # ROPE: q_ptr is the QKV projection [B, T, (H + 2 Hkv) * D] before rotary; this kernel
+        # rotates q and the new k (positions pos [B, T], tables cos/sin [*, D]) and writes the
+        # new k and v into the cache, so no separate rotary and scatter kernels run.
+        if PDL:  # let the next product (launched with PDL) start streaming its weights
+            tl.extra.cuda.gdc_launch_dependents()
+        pid, split = tl.program_id(0), tl.program_id(1)
+        b, kvh = pid // HKV, pid % HKV
+        start = tl.load(start_ptr + b)
+        total = start + T
+        n_active = tl.minimum(tl.cdiv(total, PART), NSPLIT)
+        lo = split * PART
+        r = tl.arange(0, QROWS)
+        t, g = r // G, r % G
+        row_ok = r < T * G
+        d = tl.arange(0, D)
+        if lo >= total:  # past the row's length: only the active splits take part
+            return
+        slot = tl.load(slots_ptr + b).to(tl.int64)
+        q_off = b * stride_qb + t[:, None] * stride_qt + (kvh * G + g)[:, None] * stride_qh
+        q = tl.load(q_ptr + q_off + d[None, :], mask=row_ok[:, None], other=0.0)  # [QR, D]
+        kv_base = slot * stride_ks + kvh * stride_kh
+        hi = tl.minimum(lo + PART, total)
+        if ROPE:
+            pos = tl.load(pos_ptr + b * T + t, mask=row_ok, other=0)
+            q = _rope(q, q_ptr + q_off, row_ok[:, None], pos, cos_ptr, sin_ptr, d, D)
+            q = q.to(q_ptr.dtype.element_ty)
+            # This stretch writes the new tokens that fall in it, then reads them back.
+            tn = tl.arange(0, TP)
+            p_new = start + tn
+            ok = ((tn < T) & (p_new >= lo) & (p_new < hi) & (p_new < MAX_SEQ))[:, None]
+            row = q_ptr + b * stride_qb + tn[:, None] * stride_qt  # [TP, 1]
+            k_row = row + (HKV * G + kvh) * stride_qh
+            k_new = tl.load(k_row + d[None, :], mask=ok, other=0.0)  # [TP, D]
+            pos_k = tl.load(pos_ptr + b * T + tn, mask=tn < T, other=0)
+            k_new = _rope(k_new, k_row, ok, pos_k, cos_ptr, sin_ptr, d, D)
+            v_new = tl.load(row + (HKV * G + HKV + kvh) * stride_qh + d[None, :], mask=ok)
+            dst = kv_base + p_new[:, None] * stride_kp + d[None, :]
+            tl.store(k_ptr + dst, k_new.to(k_ptr.dtype.element_ty), mask=ok)
+            tl.store(v_ptr + dst, v_new.to(v_ptr.dtype.element_ty), mask=ok)
+            tl.debug_barrier()  # the loop below reads them, from other threads of this program
+        m_i = tl.full((QROWS,), float("-inf"), tl.float32)
+        l_i = tl.zeros((QROWS,), tl.float32)
+        acc = tl.zeros((QROWS, D), tl.float32)
+        kv_end = tl.minimum(total, MAX_SEQ)  # padded new tokens may run past the cache
+        for s0 in range(lo, hi, BLOCK_S):
+            p = s0 + tl.arange(0, BLOCK_S)
+            kv_off = kv_base + p[:, None] * stride_kp + d[None, :]
+            k = tl.load(k_ptr + kv_off, mask=p[:, None] < kv_end, other=0.0)  # [BS, D]
+            if IEEE:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+            else:
+                s = tl.dot(q, tl.trans(k)) * qk_scale  # [QR, BS]
+            rel = p[None, :] - start
+            new = (rel >= 0) & (rel < T)
+            tree_off = (b * T + t[:, None]) * T + rel
+            seen = tl.load(tree_ptr + tree_off, mask=new & row_ok[:, None], other=0)
+            s = tl.where((rel < 0) | (new & (seen != 0)), s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            pr = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(pr, axis=1)
+            v = tl.load(v_ptr + kv_off, mask=p[:, None] < kv_end, other=0.0)
+            if IEEE:
+                pv = tl.dot(pr, v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(pr.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        o_off = b * stride_ob + t[:, None] * stride_ot + (kvh * G + g)[:, None] * stride_oh
+        o_ptrs = out_ptr + o_off + d[None, :]
+        if n_active == 1:  # one stretch covers the row: no merge
+            out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+            tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        else:
+            ws = (pid * NSPLIT + split) * QROWS
+            tl.store(m_ptr + ws + r, m_i)
+            tl.store(l_ptr + ws + r, l_i)
+            tl.store(acc_ptr + (ws + r)[:, None] * D + d[None, :], acc)
+            tl.debug_barrier()  # every thread's stores precede the count (release below)
+            # The last stretch to finish merges all of them (no second kernel per layer).
+            if tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel") == n_active - 1:
+                out = _attn_merge(m_ptr, l_ptr, acc_ptr, pid, r, d, n_active, D, QROWS, NSPLIT)
+                tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+                tl.store(cnt_ptr + pid, 0)  # ready for the next launch
+
+    @triton.jit
+    def _rope(x, x_ptrs, mask, pos, cos_ptr, sin_ptr, d, D: tl.constexpr):
+        # Half-split rotary of rows x [R, D] loaded from x_ptrs [R, 1] + d (float32 result).
+        half = tl.load(x_ptrs + ((d + D // 2) % D)[None, :], mask=mask, other=0.0).to(tl.float32)
+        rotated = tl.where((d < D // 2)[None, :], -half, half)
+        cs = pos[:, None] * D + d[None, :]
+        cos = tl.load(cos_ptr + cs).to(tl.float32)
+        sin = tl.load(sin_ptr + cs).to(tl.float32)
+        return x.to(tl.float32) * cos + rotated * sin
+
+    @triton.jit
+    def _attn_merge(m_ptr, l_ptr, acc_ptr, pid, r, d, n_active, D: tl.constexpr,
+                    QROWS: tl.constexpr, NSPLIT: tl.constexpr):  # fmt: skip
+        # Combine the stretches' (max, sum, weighted values) of one (row, KV head).
+        m_run = tl.full((QROWS,), float("-inf"), tl.float32)
+        l_run = tl.zeros((QROWS,), tl.float32)
+        acc = tl.zeros((QROWS, D), tl.float32)
+        for sp in range(0, n_active):
+            ws = (pid * NSPLIT + sp) * QROWS + r
+            m = tl.load(m_ptr + ws, cache_modifier=".cg")
+            m_new = tl.maximum(m_run, m)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            c_old, c_new = tl.exp2(m_run - m_safe), tl.exp2(m - m_safe)
+            l_run = l_run * c_old + tl.load(l_ptr + ws, cache_modifier=".cg") * c_new
+            part = tl.load(acc_ptr + ws[:, None] * D + d[None, :], cache_modifier=".cg")
+            acc = acc * c_old[:, None] + part * c_new[:, None]
+            m_run = m_new
+        return acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]
+
+
+def attention_partition(batch: int) -> int:
+    """Positions per split-KV program: short for one row (parallelism), long for many."""
+    return 64 if batch <= 2 else 256 if batch <= 16 else 512
+
+
+@torch.library.custom_op("mathagent::decode_attention", mutates_args=())
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    start: torch.Tensor,
+    tree: torch.Tensor,
+) -> torch.Tensor:
+    """Attention of ``q [B, T, H, D]`` over the slot cache ``[S, Hkv, max_seq, D]``.
+
+    Row ``b``'s new tokens are cached at ``start[b] .. start[b]+T-1`` of slot ``slots[b]``;
+    query ``t`` sees all positions before ``start[b]`` and new token ``j`` where
+    ``tree[b, t, j]`` is non-zero. Returns ``[B, T, H, D]``.
+    """
+    return _attention(q, k_cache, v_cache, slots, start, tree, q.shape[2], None)
+
+
+@decode_attention.register_fake
+def _(q, k_cache, v_cache, slots, start, tree):
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("mathagent::rope_attention", mutates_args=("k_cache", "v_cache"))
+def rope_attention(
+    qkv: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    start: torch.Tensor,
+    tree: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    n_heads: int,
+) -> torch.Tensor:
+    """:func:`decode_attention` fed by the QKV projection ``[B, T, (H + 2 Hkv) * D]``.
+
+    Rotates q and the new k by ``positions [B, T]`` (half-split tables ``cos/sin [*, D]``),
+    writes the new k and v into the cache at ``start[b] + t`` of slot ``slots[b]`` (positions
+    past the cache are dropped) and attends as :func:`decode_attention`; one kernel instead of
+    rotary, scatter and attention. Returns ``[B, T, H, D]``.
+    """
+    bsz, t = qkv.shape[:2]
+    d = k_cache.shape[3]
+    view = qkv.view(bsz, t, -1, d)  # [B, T, H + 2 Hkv, D]
+    return _attention(view, k_cache, v_cache, slots, start, tree, n_heads, (positions, cos, sin))
+
+
+@rope_attention.register_fake
+def _(qkv, k_cache, v_cache, slots, start, tree, positions, cos, sin, n_heads):
+    return qkv.new_empty(qkv.shape[0], qkv.shape[1], n_heads, k_cache.shape[3])
+
+
+def _attention(q, k_cache, v_cache, slots, start, tree, h, rope) -> torch.Tensor:
+    """Launch the split-KV kernel over ``q [B, T, >=H, D]`` (the first ``h`` heads are queries)."""
+    bsz, t, _, d = q.shape
+    hkv, max_seq = k_cache.shape[1], k_cache.shape[2]
+    g = h // hkv
+    qrows = max(16, triton.next_power_of_2(t * g))
+    part = attention_partition(bsz)
+    nsplit = triton.cdiv(max_seq, part)
+    ws_rows = bsz * hkv * nsplit * qrows
+    m = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
+    lsum = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
+    acc = torch.empty(ws_rows, d, dtype=torch.float32, device=q.device)
+    out = q.new_empty(bsz, t, h, d)
+    positions, cos, sin = rope if rope is not None else (start, start, start)
+    assert positions.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
+    _attn_kernel[(bsz * hkv, nsplit)](
+        q, k_cache, v_cache, slots, start, tree, m, lsum, acc, _counters(bsz * hkv, q.device),
+        out, positions, cos, sin, math.log2(math.e) / math.sqrt(d),
+        q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        HKV=hkv, T=t, G=g, D=d, QROWS=qrows, PART=part, BLOCK_S=min(part, 64), NSPLIT=nsplit,
+        MAX_SEQ=max_seq, IEEE=q.dtype == torch.float32, PDL=q.is_cuda and pdl_supported(),
+        ROPE=rope is not None, TP=triton.next_power_of_2(t), num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def _counters(n: int, device: torch.device) -> torch.Tensor:
+    """Zeroed int32 arrival counters of the split-KV programs; each launch leaves them zero.
+
+    Allocated per device outside graph capture (a step always runs before it is captured) and
+    shared by all launches, which a stream runs one after another. A larger need gets a new
+    buffer; the old ones stay alive, since captured graphs keep their addresses.
+    """
+    bufs = _COUNTERS.setdefault(device, [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
+    return bufs[-1]

@@ -1,0 +1,120 @@
+"""Weight-only quantised linears for the CPU path: int4 blocks (group 32) and an int8 head.
+
+Decode at batch 1 on a CPU is bound by reading the weights once per token, so fewer weight
+bytes is the speed-up. ``int4`` keeps each linear as 4-bit codes with a scale and a minimum per
+block of 32 inputs, the llama.cpp Q4_1 recipe: min/max per block, 15 steps between them. A
+model dequantised from a Q4_1 GGUF (the default model) has exactly 16 levels per block with the
+block's min and max among them, so quantising it again recovers the GGUF's own codes; only the
+scales round to bfloat16, as torch's int4 kernel wants them. The vocabulary head stays at
+8 bits per weight (one scale per row): it is the most sensitive matrix and the default
+model's GGUF holds it as Q8_0. Activations are bfloat16: torch's packed int4/int8 CPU kernels
+are fast only for bf16 inputs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+QUANTIZATIONS = ("none", "int4")
+GROUP_SIZE = 32
+
+
+class QuantizationError(ValueError):
+    """The model or device cannot run with the requested weight quantisation."""
+
+
+class Int4Linear(nn.Module):
+    """``y = x W^T + b`` with ``W`` as packed 4-bit codes, group-wise scale and zero."""
+
+    def __init__(self, linear: nn.Linear, group_size: int = GROUP_SIZE) -> None:
+        super().__init__()
+        weight = linear.weight.detach().float()
+        out_features, in_features = weight.shape
+        if in_features % group_size:
+            raise QuantizationError(
+                f"int4 needs input features divisible by {group_size}, got {in_features}"
+            )
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
+        codes, scales, zeros = quantize_int4(weight, group_size)
+        self.register_buffer(
+            "packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1), persistent=False
+        )
+        # torch's kernel dequantises (code - 8) * scale + zero: shift the block minimum to match
+        zero_point = zeros + 8 * scales
+        scale_zero = torch.stack([scales, zero_point], dim=-1)  # [N, K/g, 2]
+        self.register_buffer(
+            "scale_zero", scale_zero.transpose(0, 1).contiguous().bfloat16(), persistent=False
+        )
+        bias = linear.bias
+        self.bias = None if bias is None else nn.Parameter(bias.detach().bfloat16(), False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x.reshape(-1, self.in_features).to(torch.bfloat16),
+            self.packed,
+            self.group_size,
+            self.scale_zero,
+        )
+        if self.bias is not None:
+            out = out + self.bias
+        return out.view(*shape[:-1], self.out_features)
+
+
+class Int8Linear(nn.Module):
+    """``y = x W^T`` with ``W`` as int8 codes and one bfloat16 scale per output row."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        weight = weight.detach().float()
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        scales = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
+        codes = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("codes", codes, persistent=False)
+        self.register_buffer("scales", scales.bfloat16(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        out = torch.ops.aten._weight_int8pack_mm(
+            x.reshape(-1, self.in_features).to(torch.bfloat16), self.codes, self.scales
+        )
+        return out.view(*shape[:-1], self.out_features)
+
+
+def quantize_int4(
+    weight: torch.Tensor, group_size: int = GROUP_SIZE
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes ``[N, K]`` int32 in 0..15, scales and minimums ``[N, K/g]`` float32 (Q4_1 rule)."""
+    n, k = weight.shape
+    blocks = weight.float().reshape(n, k // group_size, group_size)
+    low, high = blocks.amin(dim=-1), blocks.amax(dim=-1)
+    scales = (high - low) / 15
+    safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+    codes = torch.round((blocks - low[..., None]) / safe[..., None]).clamp(0, 15)
+    return codes.reshape(n, k).to(torch.int32), scales, low
+
+
+def quantize_model(model: nn.Module, method: str) -> nn.Module:
+    """Swap the transformer's linears for quantised ones in place (``method`` in QUANTIZATIONS).
+
+    Every linear inside the blocks becomes :class:`Int4Linear`; the vocabulary head becomes
+    :class:`Int8Linear` (built from the embedding when the two are tied, which stays a plain
+    bfloat16 table for lookups). Norms and embeddings move to bfloat16.
+    """
+    if method == "none":
+        return model
+    if method not in QUANTIZATIONS:
+        raise QuantizationError(f"unknown quantization {method!r}; use one of {QUANTIZATIONS}")
+    if next(model.parameters()).device.type != "cpu":
+        raise QuantizationError(
+            "int4 weights are a CPU path; on CUDA the engine runs bf16 weights (quantization none)"
+        )
+    head_weight = model.output.weight.detach()
+    for block in model.layers:
+        for parent in (block.attention, block.feed_forward):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    setattr(parent, name, Int4Linear(child))
+    model.output = Int8Linear(head_weight)
+    return model.to(torch.bfloat16)
