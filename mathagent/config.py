@@ -35,7 +35,9 @@ class EngineSettings(BaseModel):
     max_seq_len: int = Field(4096, ge=64, description="context length per slot")
     speculative: str = Field("none", description="none | ngram | draft:PATH | redrafter:PATH")
     draft_len: int = Field(3, ge=1, le=16)
-    draft_beams: int = Field(4, ge=1, le=64, description="ReDrafter beams (greedy requests)")
+    draft_beams: int | None = Field(
+        None, ge=1, le=64, description="ReDrafter beams (greedy); unset = 4 on CUDA, 1 on CPU"
+    )
     eager: bool = Field(True, description="skip torch.compile / CUDA graphs")
     threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch default")
 

@@ -75,13 +75,14 @@ def test_greedy_speculation_is_token_identical(engine, plain, layer_skip_draft, 
     assert sum(forwards) < sum(totals)  # speculation saved target forwards
 
 
-def test_redrafter_chain_through_the_target_head_is_token_identical(engine, plain) -> None:
-    """One beam (an argmax chain, the CPU setting), drafting through the target's LM head."""
+def test_redrafter_tree_through_the_target_head_is_token_identical(engine, plain) -> None:
+    """Four beams verified as one prefix tree (the CUDA default; CPU drafts one chain)."""
     from mathagent.serving.engine.drafters import load_proposer
     from mathagent.serving.engine.speculative import SpecMethod
 
-    method = SpecMethod("redrafter", f"{SHIPPED_DRAFTER}/")  # a key of its own: one beam
-    proposer = load_proposer(method, engine.runner, 1, engine.speculator.model_dir)
+    assert engine.config.draft_beams == 1  # the parametrized test above covers the chain
+    method = SpecMethod("redrafter", f"{SHIPPED_DRAFTER}/")  # a key of its own: four beams
+    proposer = load_proposer(method, engine.runner, 4, engine.speculator.model_dir)
     assert proposer.drafter._head == engine.runner.model.logits
     engine.speculator.register(method, proposer)
     params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, speculative=str(method))
