@@ -9,6 +9,10 @@ where a speculative step's time goes (drafting vs the verify forward, ms per ste
 plain decode step.
 
     python benchmarks/spec_bench.py [--limit 20] [--max-tokens 128] [--draft-len 3]
+                                    [--config float32|int4]
+
+``float32`` is the engine's default CPU configuration; ``int4`` its quantised CPU path (4-bit
+weights, int8 head, bf16 activations), where the drafter runs through the same int8 head.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ from mathagent.serving.engine.spec_stats import SpecStats
 REPO = Path(__file__).resolve().parents[1]
 DATASET = REPO.parent / "shared" / "datasets" / "gsm8k_test.jsonl"
 DRAFTER = REPO / "mathagent" / "serving" / "drafters" / "SmolLM2-135M-Instruct"
+CONFIGS = {  # as in engine_bench.py
+    "float32": dict(dtype="float32", quantization="none"),
+    "int4": dict(dtype="auto", quantization="int4"),
+}
 
 
 def agent_prompts(engine: LLMEngine, limit: int) -> list[str]:
@@ -50,10 +58,11 @@ def main() -> None:
     parser.add_argument("--beams", type=int, default=None, help="ReDrafter beams (default: config)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--drafter", type=Path, default=DRAFTER)
+    parser.add_argument("--config", choices=sorted(CONFIGS), default="float32")
     args = parser.parse_args()
     torch.manual_seed(0)
     settings = EngineSettings(
-        device="cpu", dtype="float32", max_batch_size=1, max_seq_len=1024,
+        device="cpu", max_batch_size=1, max_seq_len=1024, **CONFIGS[args.config],
         draft_len=args.draft_len, threads=args.threads,
         **({"draft_beams": args.beams} if args.beams else {}),
     )  # fmt: skip
@@ -84,6 +93,7 @@ def main() -> None:
     report = {
         "model": engine.model_name,
         "device": "cpu",
+        "config": args.config,
         "threads": args.threads,
         "problems": len(prompts),
         "max_tokens": args.max_tokens,
