@@ -129,6 +129,7 @@ def server_aggregate(engine: LLMEngine, tokens: int, repeats: int) -> dict[str, 
 
 CONFIGS = {  # name -> engine settings; int4 is the fast CPU path (bf16 activations)
     "float32": dict(dtype="float32", quantization="none"),
+    "bfloat16": dict(dtype="bfloat16", quantization="none"),
     "int4": dict(dtype="auto", quantization="int4"),
 }
 

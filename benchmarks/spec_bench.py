@@ -9,9 +9,9 @@ where a speculative step's time goes (drafting vs the verify forward, ms per ste
 plain decode step.
 
     python benchmarks/spec_bench.py [--limit 20] [--max-tokens 128] [--draft-len 3]
-                                    [--config float32|int4]
+                                    [--config float32|bfloat16|int4]
 
-``float32`` is the engine's default CPU configuration; ``int4`` its quantised CPU path (4-bit
+``float32`` is the engine's default CPU configuration; ``bfloat16`` dense weights (AMX); ``int4`` its quantised CPU path (4-bit
 weights, int8 head, bf16 activations), where the drafter runs through the same int8 head.
 """
 
@@ -35,6 +35,7 @@ DATASET = REPO.parent / "shared" / "datasets" / "gsm8k_test.jsonl"
 DRAFTER = REPO / "mathagent" / "serving" / "drafters" / "SmolLM2-135M-Instruct"
 CONFIGS = {  # as in engine_bench.py
     "float32": dict(dtype="float32", quantization="none"),
+    "bfloat16": dict(dtype="bfloat16", quantization="none"),
     "int4": dict(dtype="auto", quantization="int4"),
 }
 

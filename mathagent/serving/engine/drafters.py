@@ -47,15 +47,18 @@ class ReDrafterProposer:
     """ReDrafter over the target's hidden state and token embeddings."""
 
     def __init__(self, drafter: Drafter, embedding: Tensor, beams: int) -> None:
-        self.drafter = drafter.to(embedding.device, embedding.dtype).eval()
-        self.embedding = embedding  # [V, H] the target's own token embedding
+        # On a CPU the drafter's small one-row products are fastest in float32 (a bf16 product
+        # of one row has a high fixed cost); on CUDA it follows the target's dtype.
+        self.dtype = torch.float32 if embedding.device.type == "cpu" else embedding.dtype
+        self.drafter = drafter.to(embedding.device, self.dtype).eval()
+        self.embedding = embedding.to(self.dtype)  # [V, H] the target's own token embedding
         self.beams = beams
 
     def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
         out = [Draft.chain(r.seq.last_token, []) for r in rows]
         greedy = [i for i, r in enumerate(rows) if r.hidden is not None and r.greedy]
         if greedy:
-            ctx = torch.stack([rows[i].hidden for i in greedy])  # [B, H]
+            ctx = torch.stack([rows[i].hidden for i in greedy]).to(self.dtype)  # [B, H]
             root = torch.tensor([rows[i].seq.last_token for i in greedy], device=ctx.device)
             beams = self.drafter.beam_search(ctx, root, self.embedding, self.beams, k)
             for j, i in enumerate(greedy):
@@ -65,7 +68,12 @@ class ReDrafterProposer:
                 continue
             root = torch.tensor([row.seq.last_token], device=row.hidden.device)
             drafts, q = self.drafter.sample_chain(
-                row.hidden[None], root, self.embedding, k, row.warp, row.seq.generator
+                row.hidden[None].to(self.dtype),
+                root,
+                self.embedding,
+                k,
+                row.warp,
+                row.seq.generator,
             )
             out[i] = Draft.chain(row.seq.last_token, drafts[0].tolist(), q[0])
         return out
