@@ -83,7 +83,11 @@ def test_redrafter_tree_through_the_target_head_is_token_identical(engine, plain
     assert engine.config.draft_beams == 1  # the parametrized test above covers the chain
     method = SpecMethod("redrafter", f"{SHIPPED_DRAFTER}/")  # a key of its own: four beams
     proposer = load_proposer(method, engine.runner, 4, engine.speculator.model_dir)
-    assert proposer.drafter._head == engine.runner.model.logits
+    # it drafts through the target's own head, restricted to the drafter's draft vocabulary
+    drafter, x = proposer.drafter, torch.randn(2, 576)
+    assert drafter.draft_vocab is not None and drafter._head is not None
+    full = engine.runner.model.logits(x)[:, drafter.draft_vocab]
+    torch.testing.assert_close(drafter._head(x).float(), full, rtol=1e-4, atol=1e-4)
     engine.speculator.register(method, proposer)
     params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, speculative=str(method))
     batched = engine.generate(PROMPTS, params)
