@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import os
-import threading
 import time
 
 import torch
@@ -100,27 +99,15 @@ async def _aggregate(base_url: str, concurrency: int, tokens: int) -> float:
 
 def server_aggregate(engine: LLMEngine, tokens: int, repeats: int) -> dict[str, float]:
     """Aggregate generated tokens/s with 1 and 8 concurrent requests via the real server."""
-    import uvicorn
+    from mathagent.serving.server import EmbeddedServer
 
-    from mathagent.serving.server import create_app
-
-    config = uvicorn.Config(create_app(engine), host="127.0.0.1", port=0, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}/v1"
-    try:
-        asyncio.run(_aggregate(url, 1, 4))  # warm-up
+    with EmbeddedServer(Settings(), engine=engine) as server:
+        asyncio.run(_aggregate(server.base_url, 1, 4))  # warm-up
         runs: dict[int, list[float]] = {1: [], 8: []}
         for _ in range(repeats):  # interleaved, as in batch1
             for c in runs:
-                runs[c].append(asyncio.run(_aggregate(url, c, tokens)))
-        out = {f"concurrency_{c}_tokens_per_s": round(max(r), 2) for c, r in runs.items()}
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+                runs[c].append(asyncio.run(_aggregate(server.base_url, c, tokens)))
+    out = {f"concurrency_{c}_tokens_per_s": round(max(r), 2) for c, r in runs.items()}
     out["scaling_8_over_1"] = round(
         out["concurrency_8_tokens_per_s"] / out["concurrency_1_tokens_per_s"], 2
     )

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from engine_bench import CONFIGS  # same engine configurations as the engine bench
 
 from mathagent.agent.prompts import ChatTemplate, select_template
 from mathagent.config import EngineSettings, Settings
@@ -33,11 +34,6 @@ from mathagent.serving.engine.spec_stats import SpecStats
 REPO = Path(__file__).resolve().parents[1]
 DATASET = REPO.parent / "shared" / "datasets" / "gsm8k_test.jsonl"
 DRAFTER = REPO / "mathagent" / "serving" / "drafters" / "SmolLM2-135M-Instruct"
-CONFIGS = {  # as in engine_bench.py
-    "float32": dict(dtype="float32", quantization="none"),
-    "bfloat16": dict(dtype="bfloat16", quantization="none"),
-    "int4": dict(dtype="auto", quantization="int4"),
-}
 
 
 def agent_prompts(engine: LLMEngine, limit: int) -> list[str]:

@@ -41,11 +41,8 @@ def main() -> None:
 
     encode = lambda text: engine.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     examples = td.load_examples(args.transcripts, encode, 1024)
-    counts = torch.zeros(emb.shape[0], dtype=torch.long)
-    for ex in examples:
-        if not ex.heldout:
-            counts += torch.bincount(torch.tensor(ex.tokens[ex.start :]), minlength=emb.shape[0])
-    vocab = counts.argsort(descending=True)[: min(args.size, int((counts > 0).sum()))]
+    seen = [t for ex in examples if not ex.heldout for t in ex.tokens[ex.start :]]
+    vocab = td.frequent_tokens(torch.tensor(seen), args.size)
 
     held = [ex for ex in examples if ex.heldout]
     positions = build_positions(td.engine_base_fn(engine.runner), held, args.draft_len, max_rows=8)

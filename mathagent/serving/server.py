@@ -218,11 +218,18 @@ class EmbeddedServer:
     """The embedded engine's OpenAI server on 127.0.0.1 in a background thread.
 
     ``with EmbeddedServer(settings) as srv:`` then point an OpenAI client at ``srv.base_url``
-    with model ``srv.model_name``. ``port=0`` picks a free port.
+    with model ``srv.model_name``. ``port=0`` picks a free port. ``engine`` serves an engine
+    already built (its thread then owns it) instead of building one from ``settings``.
     """
 
-    def __init__(self, settings: Settings, model: str | None = None, port: int = 0) -> None:
-        self.engine = build_engine(settings, model)
+    def __init__(
+        self,
+        settings: Settings,
+        model: str | None = None,
+        port: int = 0,
+        engine: LLMEngine | None = None,
+    ) -> None:
+        self.engine = engine or build_engine(settings, model)
         self.model_name = self.engine.model_name
         config = uvicorn.Config(
             create_app(self.engine), host="127.0.0.1", port=port, log_level="warning"

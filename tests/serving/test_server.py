@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from mathagent.config import Settings
-from mathagent.serving.server import EmbeddedServer, create_app
+from mathagent.serving.server import EmbeddedServer
 
 
 @pytest.fixture(scope="module")
@@ -27,17 +25,8 @@ def reference(engine):
 
 @pytest.fixture(scope="module")
 def base_url(engine, reference):
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(engine), host="127.0.0.1", port=0, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=30)
+    with EmbeddedServer(Settings(), engine=engine) as server:
+        yield server.base_url.removesuffix("/v1")
 
 
 @pytest.fixture
