@@ -2,7 +2,8 @@
 
 Prints one JSON object: batch-1 decode tokens/s and time to first token of the engine and of
 transformers (default model, CPU), and aggregate tokens/s with 1 and 8 concurrent requests
-through the real OpenAI-compatible server. Fixed prompt, fixed lengths, greedy; each timing is
+through the real OpenAI-compatible server (``mathagent serve`` in its own process), with prefix
+caching (the default) and without. Fixed prompt, fixed lengths, greedy; each timing is
 the best of ``--repeats`` runs (the machine is shared, so the best run is the least disturbed).
 
     python benchmarks/engine_bench.py [--threads 2] [--configs float32,int4] [--tokens 64]
@@ -17,6 +18,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import time
 
 import torch
@@ -97,16 +99,30 @@ async def _aggregate(base_url: str, concurrency: int, tokens: int) -> float:
     return sum(counts) / elapsed
 
 
-def server_aggregate(engine: LLMEngine, tokens: int, repeats: int) -> dict[str, float]:
-    """Aggregate generated tokens/s with 1 and 8 concurrent requests via the real server."""
-    from mathagent.serving.server import EmbeddedServer
+def server_aggregate(
+    config: dict, threads: int, tokens: int, repeats: int, prefix_caching: bool, port: int
+) -> dict[str, float]:
+    """Aggregate generated tokens/s with 1 and 8 concurrent requests through ``mathagent serve``,
+    run as its own process the way users run it (its engine thread alone owns torch's threads).
+    Every request sends the same prompt, so with prefix caching all but the first reuse it."""
+    from mathagent.serving.process import ServerProcess
 
-    with EmbeddedServer(Settings(), engine=engine) as server:
-        asyncio.run(_aggregate(server.base_url, 1, 4))  # warm-up
+    settings = {**config, "device": "cpu", "max_batch_size": 8, "max_seq_len": 1024}
+    settings |= {"threads": threads, "prefix_caching": str(prefix_caching).lower()}
+    env = {f"MATHAGENT_ENGINE__{key.upper()}": str(value) for key, value in settings.items()}
+    argv = [sys.executable, "-m", "mathagent", "serve", "--engine", "embedded", "--port", str(port)]
+    server = ServerProcess(argv, health_url=f"http://127.0.0.1:{port}/health", env=env, log=None)
+    server.start()
+    try:
+        server.wait_healthy()
+        base_url = f"http://127.0.0.1:{port}/v1"
+        asyncio.run(_aggregate(base_url, 1, 4))  # warm-up
         runs: dict[int, list[float]] = {1: [], 8: []}
         for _ in range(repeats):  # interleaved, as in batch1
             for c in runs:
-                runs[c].append(asyncio.run(_aggregate(server.base_url, c, tokens)))
+                runs[c].append(asyncio.run(_aggregate(base_url, c, tokens)))
+    finally:
+        server.stop()
     out = {f"concurrency_{c}_tokens_per_s": round(max(r), 2) for c, r in runs.items()}
     out["scaling_8_over_1"] = round(
         out["concurrency_8_tokens_per_s"] / out["concurrency_1_tokens_per_s"], 2
@@ -127,6 +143,7 @@ def main() -> None:
     parser.add_argument("--configs", default="float32,int4", help="engine configs to measure")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--port", type=int, default=8765, help="for the server processes")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -137,13 +154,16 @@ def main() -> None:
     measured = batch1(engines, args.tokens, args.repeats)
     ref = measured.pop("transformers")
     results = {}
-    for name, engine in engines.items():
-        server = server_aggregate(engine, args.tokens, args.repeats)
+    for name in engines:
+        measure = (CONFIGS[name], args.threads, args.tokens, args.repeats)
+        server = server_aggregate(*measure, prefix_caching=True, port=args.port)
+        cold = server_aggregate(*measure, prefix_caching=False, port=args.port)
         speedup = measured[name]["decode_tokens_per_s"] / ref["decode_tokens_per_s"]
         results[name] = {
             "engine_batch1": measured[name],
             "decode_speedup_vs_transformers": round(speedup, 2),
             "server": server,
+            "server_without_prefix_caching": cold,
             "goals": {
                 "batch1_decode_2x_transformers": speedup >= 2.0,
                 "concurrency_8_at_least_4x_of_1": server["scaling_8_over_1"] >= 4.0,

@@ -33,6 +33,10 @@ class EngineSettings(BaseModel):
     )
     max_batch_size: int = Field(8, ge=1, le=1024, description="KV-cache slots")
     max_seq_len: int = Field(4096, ge=64, description="context length per slot")
+    prefix_caching: bool = Field(
+        True,
+        description="reuse K/V of a prompt prefix another slot holds (freed slots keep theirs)",
+    )
     speculative: str = Field("none", description="none | ngram | draft:PATH | redrafter:PATH")
     draft_len: int = Field(3, ge=1, le=16)
     draft_beams: int | None = Field(

@@ -35,12 +35,13 @@ def _error(status: int, message: str, kind: str = "BadRequestError") -> JSONResp
     return JSONResponse(body, status_code=status)
 
 
-def _usage(out: RequestOutput) -> dict[str, int]:
+def _usage(out: RequestOutput) -> dict[str, Any]:
     m = out.metrics
     return {
         "prompt_tokens": m.prompt_tokens,
         "completion_tokens": m.generated_tokens,
         "total_tokens": m.prompt_tokens + m.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": m.cached_tokens},
     }
 
 
@@ -57,9 +58,9 @@ async def _until_disconnect(request: Request, task: asyncio.Task) -> None:
         await asyncio.sleep(0.2)
 
 
-def create_app(engine: LLMEngine) -> FastAPI:
-    """The FastAPI app; the engine thread starts and stops with the app's lifespan."""
-    async_engine = AsyncEngine(engine)
+def create_app(async_engine: AsyncEngine) -> FastAPI:
+    """The FastAPI app; the engine thread starts (if it has not) and stops with its lifespan."""
+    engine = async_engine.engine
     metrics = ServerMetrics(engine.model_name)
     async_engine.on_output.append(metrics.observe)
 
@@ -209,8 +210,8 @@ def build_engine(settings: Settings, model: str | None = None) -> LLMEngine:
 
 
 def serve(settings: Settings, model: str | None, host: str, port: int) -> None:
-    """Run the server in the foreground until interrupted."""
-    app = create_app(build_engine(settings, model))
+    """Run the server in the foreground until interrupted (the engine loads in its thread)."""
+    app = create_app(AsyncEngine.launch(lambda: build_engine(settings, model)))
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
@@ -218,8 +219,8 @@ class EmbeddedServer:
     """The embedded engine's OpenAI server on 127.0.0.1 in a background thread.
 
     ``with EmbeddedServer(settings) as srv:`` then point an OpenAI client at ``srv.base_url``
-    with model ``srv.model_name``. ``port=0`` picks a free port. ``engine`` serves an engine
-    already built (its thread then owns it) instead of building one from ``settings``.
+    with model ``srv.model_name``. ``port=0`` picks a free port. The engine is built in its own
+    thread (see :meth:`AsyncEngine.launch`); ``engine`` serves one already built instead.
     """
 
     def __init__(
@@ -229,11 +230,14 @@ class EmbeddedServer:
         port: int = 0,
         engine: LLMEngine | None = None,
     ) -> None:
-        self.engine = engine or build_engine(settings, model)
-        self.model_name = self.engine.model_name
-        config = uvicorn.Config(
-            create_app(self.engine), host="127.0.0.1", port=port, log_level="warning"
+        front = (
+            AsyncEngine(engine)
+            if engine is not None
+            else AsyncEngine.launch(lambda: build_engine(settings, model))
         )
+        self.engine = front.engine
+        self.model_name = self.engine.model_name
+        config = uvicorn.Config(create_app(front), host="127.0.0.1", port=port, log_level="warning")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, name="mathagent-server")
         self.port = port

@@ -48,6 +48,16 @@ def test_completion_matches_engine(client, engine, reference):
     assert resp.choices[0].finish_reason in ("stop", "length")
 
 
+def test_usage_reports_prompt_tokens_reused_from_another_request(client):
+    prompt = "Question: a farmer has 17 sheep and buys 5 more. How many sheep now?\nAnswer:"
+    first, again = (
+        client.completions.create(model="x", prompt=prompt, max_tokens=2, temperature=0)
+        for _ in range(2)
+    )
+    assert first.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens - 1
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+
+
 def test_completion_token_ids_and_stream(client, engine):
     ids = engine.tokenizer.encode("1 + 1 =", add_special_tokens=False)
     plain = client.completions.create(model="x", prompt=ids, max_tokens=10, temperature=0)
@@ -128,9 +138,9 @@ def test_disconnect_frees_slot(base_url, engine):
     with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=60) as resp:
         lines = resp.iter_lines()
         assert next(line for line in lines if line.startswith("data:"))
-        assert len(engine.scheduler.free_slots) < engine.config.max_batch_size
+        assert len(engine.scheduler.free) < engine.config.max_batch_size
     deadline = time.monotonic() + 30
-    while len(engine.scheduler.free_slots) < engine.config.max_batch_size:
+    while len(engine.scheduler.free) < engine.config.max_batch_size:
         assert time.monotonic() < deadline, "the slot was not freed after the disconnect"
         time.sleep(0.1)
     assert not engine.has_unfinished()

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
 from mathagent.serving.engine.config import SamplingParams
@@ -58,9 +59,38 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._loop, name="mathagent-engine", daemon=True)
         self.on_output: list = []  # callables(RequestOutput) run in the engine thread (metrics)
 
+    @classmethod
+    def launch(cls, build: Callable[[], LLMEngine]) -> AsyncEngine:
+        """Build the engine inside the engine thread and start stepping it there.
+
+        torch's CPU ops run on an OpenMP team owned by the thread that calls them. Once a
+        second thread (say, the one that loaded the model) has a team too, libgomp counts more
+        threads than cores and stops spinning between ops: a decode step took ~1.5x longer
+        (int4 on 2 cores). So one thread loads the model and steps it. A load error is raised
+        here, in the caller's thread.
+        """
+        ready: queue.Queue[AsyncEngine | BaseException] = queue.Queue(maxsize=1)
+
+        def run() -> None:
+            try:
+                front = cls(build())
+            except BaseException as exc:  # handed to the caller, which raises it
+                ready.put(exc)
+                return
+            front._thread = threading.current_thread()
+            ready.put(front)
+            front._loop()
+
+        threading.Thread(target=run, name="mathagent-engine", daemon=True).start()
+        front = ready.get()
+        if isinstance(front, BaseException):
+            raise front
+        return front
+
     def start(self) -> None:
-        """Start the engine thread."""
-        self._thread.start()
+        """Start the engine thread (a launched engine's thread already runs)."""
+        if not self._thread.is_alive():
+            self._thread.start()
 
     def stop(self) -> None:
         """Stop the engine thread; pending requests are dropped."""

@@ -31,6 +31,7 @@ class EngineConfig:
     eager: bool
     threads: int | None
     quantization: str = "none"
+    prefix_caching: bool = True
     prefill_chunk: int = 512
 
     @classmethod
@@ -57,6 +58,7 @@ class EngineConfig:
             eager=settings.eager,
             threads=settings.threads,
             quantization=settings.quantization,
+            prefix_caching=settings.prefix_caching,
         )
 
 

@@ -59,6 +59,11 @@ class KVCache:
             return k_layer[sl, :, : ctx.kv_len], v_layer[sl, :, : ctx.kv_len]
         return k_layer[ctx.slots, :, : ctx.kv_len], v_layer[ctx.slots, :, : ctx.kv_len]
 
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Copy slot ``src``'s first ``length`` positions into slot ``dst`` (every layer)."""
+        self.k[:, dst, :, :length].copy_(self.k[:, src, :, :length])
+        self.v[:, dst, :, :length].copy_(self.v[:, src, :, :length])
+
     def nbytes(self) -> int:
         """Bytes held by keys and values together."""
         return 2 * self.k.numel() * self.k.element_size()

@@ -50,7 +50,7 @@ class LLMEngine:
         self.model_name = self.loaded.name
         self.max_seq_len = config.max_seq_len
         self.runner = ModelRunner(self.loaded.model, config)
-        self.scheduler = Scheduler(config.max_batch_size)
+        self.scheduler = Scheduler(config.max_batch_size, config.prefix_caching)
         self.speculator = Speculator(
             self.runner,
             SpecMethod.parse(config.speculative),
@@ -133,7 +133,12 @@ class LLMEngine:
 
     def _run(self, batch: ScheduledBatch) -> list[list[int] | None]:
         if batch.kind == "prefill":
-            token = self.runner.prefill(batch.seqs[0])
+            seq = batch.seqs[0]
+            if seq.prefix_source is not None and seq.slot is not None:
+                source, length = seq.prefix_source  # a running slot holds this prompt's prefix
+                self.runner.cache.copy_prefix(source, seq.slot, length)
+                seq.prefix_source = None
+            token = self.runner.prefill(seq)
             if token is None:
                 return [None]
             self.speculator.prefilled(batch.seqs[0], self.runner.last_hidden)

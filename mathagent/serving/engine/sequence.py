@@ -27,6 +27,7 @@ class RequestMetrics:
     first_token: float | None = None
     finished: float | None = None
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose K/V were reused from another slot's prefix
     generated_tokens: int = 0
     target_forwards: int = 0  # decode/verify passes that produced output tokens for this request
     speculative: dict | None = None  # acceptance counters (SpecStats.as_dict) when drafting
@@ -82,6 +83,7 @@ class Sequence:
         self.status = Status.WAITING
         self.slot: int | None = None
         self.num_cached = 0  # tokens whose K/V are in the slot; the next write position
+        self.prefix_source: tuple[int, int] | None = None  # (slot, length) to copy K/V from
         self.finish_reason: str | None = None
         self.metrics = RequestMetrics(prompt_tokens=len(prompt_ids))
         self.generator: torch.Generator | None = None
@@ -95,6 +97,12 @@ class Sequence:
     def all_ids(self) -> list[int]:
         """Prompt and generated ids."""
         return self.prompt_ids + self.output_ids
+
+    @property
+    def cached_ids(self) -> list[int]:
+        """The tokens whose K/V the slot holds, in position order (a stop or length cut can
+        leave accepted drafts cached past the output's end; those are not counted)."""
+        return self.all_ids[: self.num_cached]
 
     @property
     def last_token(self) -> int:

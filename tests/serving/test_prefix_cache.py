@@ -1,0 +1,122 @@
+"""Prefix reuse across KV-cache slots: the scheduler's choices, and equal tokens end to end."""
+
+from __future__ import annotations
+
+import pytest
+
+from mathagent.serving.engine.config import SamplingParams
+from mathagent.serving.engine.scheduler import Scheduler, common_prefix
+from mathagent.serving.engine.sequence import Sequence
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0)
+
+
+class _NoText:
+    """A detokeniser stand-in: scheduler tests never decode text."""
+
+    stopped_by = None
+
+    def add(self, ids: list[int], final: bool = False) -> str:
+        return ""
+
+
+def _seq(name: str, prompt: list[int]) -> Sequence:
+    return Sequence(name, prompt, GREEDY, _NoText(), ())  # type: ignore[arg-type]
+
+
+def _run_to_end(sched: Scheduler, seq: Sequence, generated: list[int]) -> None:
+    """Admit ``seq``, pretend its prompt and ``generated`` were cached, then finish it."""
+    sched.add(seq)
+    batch = sched.schedule()
+    assert batch is not None and batch.seqs == [seq]
+    seq.output_ids = list(generated)
+    seq.num_cached = len(seq.all_ids) - 1  # the last generated token is never fed back
+    sched.finish(seq)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "n"),
+    [([], [1], 0), ([1, 2, 3], [1, 2, 3], 3), ([1, 2, 3], [1, 2, 4], 2), ([5], [1, 5], 0)],
+)
+def test_common_prefix(a, b, n):
+    assert common_prefix(a, b) == common_prefix(b, a) == n
+
+
+def test_next_turn_takes_over_the_freed_slot_without_a_copy():
+    sched = Scheduler(num_slots=4)
+    first = _seq("turn-1", [1, 2, 3, 4])
+    _run_to_end(sched, first, [5, 6, 7])
+    assert sched.free[0] == [1, 2, 3, 4, 5, 6]  # its K/V stay in slot 0
+    second = _seq("turn-2", [1, 2, 3, 4, 5, 6, 7, 8, 9])  # conversation so far + a tool result
+    sched.add(second)
+    sched.schedule()
+    assert second.slot == 0 and second.prefix_source is None
+    assert second.num_cached == second.metrics.cached_tokens == 6
+    assert 0 not in sched.free
+
+
+def test_a_running_sequence_lends_its_prefix_by_copy():
+    sched = Scheduler(num_slots=4)
+    running = _seq("a", [1, 2, 3, 4, 5])
+    sched.add(running)
+    sched.schedule()
+    running.num_cached = 5
+    other = _seq("b", [1, 2, 3, 9])
+    sched.add(other)
+    sched.schedule()
+    assert other.slot == 1 and other.prefix_source == (0, 3) and other.num_cached == 3
+
+
+def test_the_last_prompt_token_is_always_prefilled():
+    sched = Scheduler(num_slots=2)
+    _run_to_end(sched, _seq("a", [1, 2, 3]), [4, 5])
+    again = _seq("b", [1, 2, 3])
+    sched.add(again)
+    sched.schedule()
+    assert again.num_cached == 2 and not again.prefill_done
+
+
+def test_eviction_prefers_empty_then_least_recently_freed_slots():
+    sched = Scheduler(num_slots=2)
+    _run_to_end(sched, _seq("a", [1, 2]), [3])  # slot 0
+    _run_to_end(sched, _seq("b", [7, 8]), [9])  # the empty slot 1, not slot 0's prefix
+    assert sched.free == {0: [1, 2], 1: [7, 8]}
+    fresh = _seq("c", [4, 4])
+    sched.add(fresh)
+    sched.schedule()
+    assert fresh.slot == 0 and fresh.num_cached == 0  # slot 0 was freed first
+
+
+def test_switched_off_nothing_is_kept_or_reused():
+    sched = Scheduler(num_slots=2, prefix_caching=False)
+    _run_to_end(sched, _seq("a", [1, 2, 3]), [4])
+    assert sched.free == {0: [], 1: []}
+    again = _seq("b", [1, 2, 3, 4, 5])
+    sched.add(again)
+    sched.schedule()
+    assert again.num_cached == 0 and again.metrics.cached_tokens == 0
+
+
+def test_reused_prefixes_give_the_same_greedy_tokens(engine_settings):
+    """An agent-style second turn (first prompt + its answer + more) and a request sharing a
+    running request's prefix decode the same tokens as an engine that recomputes everything."""
+    from mathagent.config import Settings
+    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.llm_engine import LLMEngine
+
+    params = SamplingParams(max_tokens=16, temperature=0)
+    engines = {}
+    for caching in (True, False):
+        settings = engine_settings.model_copy(update={"prefix_caching": caching})
+        engines[caching] = LLMEngine(EngineConfig.from_settings(settings), Settings().model_dir)
+    turn = "<|im_start|>user\nWhat is 12 * 7? Answer briefly.<|im_end|>\n<|im_start|>assistant\n"
+    outputs: dict[bool, list[list[int]]] = {}
+    for caching, eng in engines.items():
+        (first,) = eng.generate([turn], params)
+        follow = turn + first.text + "<|im_end|>\n<|im_start|>user\nAnd 12 * 8?<|im_end|>\n"
+        follow += "<|im_start|>assistant\n"
+        second, sibling = eng.generate([follow, follow[:-40] + " Explain."], params)
+        outputs[caching] = [first.token_ids, second.token_ids, sibling.token_ids]
+        cached = [second.metrics.cached_tokens, sibling.metrics.cached_tokens]
+        assert (min(cached) > 10) if caching else cached == [0, 0]
+    assert outputs[True] == outputs[False]
