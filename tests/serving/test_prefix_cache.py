@@ -76,6 +76,23 @@ def test_the_last_prompt_token_is_always_prefilled():
     assert again.num_cached == 2 and not again.prefill_done
 
 
+def test_requests_sharing_a_cached_prompt_start_decoding_together():
+    sched = Scheduler(num_slots=4)
+    _run_to_end(sched, _seq("warm", [1, 2, 3]), [4])
+    same = [_seq(f"r{i}", [1, 2, 3]) for i in range(3)]
+    long = _seq("long", [8, 8, 8, 8])
+    for seq in [*same, long]:
+        seq.joins_decode = True
+        sched.add(seq)
+    first = sched.schedule()  # all four were admitted in one go
+    assert first is not None and first.kind == "decode"
+    assert {s.request_id for s in first.seqs} == {"r0", "r1", "r2"}
+    second = sched.schedule()  # the uncached prompt has its prefill step
+    assert second is not None and second.kind == "prefill" and second.seqs == [long]
+    assert [s.num_cached for s in same] == [2, 2, 2]  # each feeds token 3 in the decode step
+    assert same[0].slot == 0 and {same[1].prefix_source, same[2].prefix_source} == {(0, 2)}
+
+
 def test_eviction_prefers_empty_then_least_recently_freed_slots():
     sched = Scheduler(num_slots=2)
     _run_to_end(sched, _seq("a", [1, 2]), [3])  # slot 0

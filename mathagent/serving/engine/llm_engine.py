@@ -94,7 +94,11 @@ class LLMEngine:
             self.speculator.proposer(SpecMethod.parse(params.speculative))
         detok = Detokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
         rid = request_id or f"req-{next(self._ids)}"
-        return Sequence(rid, ids, params, detok, self.loaded.eos_token_ids)
+        seq = Sequence(rid, ids, params, detok, self.loaded.eos_token_ids)
+        # a drafter starts from the hidden state of a prefill step, so only plain decoding
+        # may take its last prompt token in a decode step
+        seq.joins_decode = self.speculator.method_of(seq).kind == "none"
+        return seq
 
     def add_sequence(self, seq: Sequence) -> None:
         """Queue a sequence built by :meth:`make_sequence`."""
@@ -128,16 +132,17 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
+        for seq in batch.seqs:
+            if seq.prefix_source is not None and seq.slot is not None:
+                source, length = seq.prefix_source  # a running slot holds this prompt's prefix
+                self.runner.cache.copy_prefix(source, seq.slot, length)
+                seq.prefix_source = None
         tokens = self._run(batch)
         return self._postprocess(batch, tokens)
 
     def _run(self, batch: ScheduledBatch) -> list[list[int] | None]:
         if batch.kind == "prefill":
             seq = batch.seqs[0]
-            if seq.prefix_source is not None and seq.slot is not None:
-                source, length = seq.prefix_source  # a running slot holds this prompt's prefix
-                self.runner.cache.copy_prefix(source, seq.slot, length)
-                seq.prefix_source = None
             token = self.runner.prefill(seq)
             if token is None:
                 return [None]

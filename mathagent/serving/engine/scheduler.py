@@ -8,7 +8,9 @@ long a long prompt can hold up the running sequences.
 A freed slot keeps its keys and values until it is needed again. A new prompt that starts like
 a running sequence or a freed slot's tokens (the same system prompt, or an agent's next turn,
 which resends the whole conversation) reuses that prefix: it takes the freed slot itself, or
-has the prefix copied from the running one, and only the rest of the prompt is prefilled.
+has the prefix copied from the running one, and only the rest of the prompt is prefilled. A
+sequence missing only its last prompt token joins the decode batch at once (when it does not
+speculate), so requests that share a prompt start decoding together.
 """
 
 from __future__ import annotations
@@ -64,10 +66,10 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch | None:
         """Pick the next step: a prefill chunk of one sequence, or a decode of all ready ones."""
-        ready = sorted((s for s in self.running if s.prefill_done), key=lambda s: s.slot or 0)
-        prefilling = next((s for s in self.running if not s.prefill_done), None)
-        if prefilling is None and self.waiting and self.free:
-            prefilling = self._admit()
+        if self.waiting and self.free and self._prefilling() is None:
+            self._admit_ready()
+        prefilling = self._prefilling()
+        ready = sorted((s for s in self.running if self._decodes(s)), key=lambda s: s.slot or 0)
         if prefilling is not None and not (ready and self._last_kind == "prefill"):
             self._last_kind = "prefill"
             return ScheduledBatch("prefill", [prefilling])
@@ -75,6 +77,23 @@ class Scheduler:
             self._last_kind = "decode"
             return ScheduledBatch("decode", ready)
         return None
+
+    @staticmethod
+    def _decodes(seq: Sequence) -> bool:
+        """Whether ``seq`` runs in decode steps: its prompt is cached, or only the last prompt
+        token is missing and it may join (a decode step feeds exactly that token)."""
+        missing = len(seq.prompt_ids) - seq.num_cached
+        return missing <= 0 or (missing == 1 and seq.joins_decode)
+
+    def _prefilling(self) -> Sequence | None:
+        return next((s for s in self.running if not self._decodes(s)), None)
+
+    def _admit_ready(self) -> None:
+        """Admit waiting sequences while slots are free: every one whose prompt is cached but
+        its last token joins the next decode step; the first that needs a prefill ends it."""
+        while self.waiting and self.free:
+            if not self._decodes(self._admit()):
+                return
 
     def _admit(self) -> Sequence:
         seq = self.waiting.popleft()
