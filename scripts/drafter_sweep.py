@@ -13,6 +13,7 @@
    training-text tokens (as ``scripts/drafter_vocab.py``). The best by held-out step-2 top-1
    (ties: chain acceptance length) is saved compact to ``DIR/best``; every variant's metrics go
    to ``DIR/results.json`` and the new transcripts to ``DIR/transcripts2.jsonl.gz``.
+   ``--reference DIR`` measures an existing drafter on the same held-out rows first.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.distill import open_text
 from mathagent.serving.engine.drafter_data import build_positions, concat_positions
 from mathagent.serving.engine.llm_engine import LLMEngine
+from mathagent.serving.engine.redrafter import Drafter
 
 VARIANTS = [  # name, residual layers, soft-label weight
     ("l2_ce", 2, 0.0),
@@ -118,6 +120,13 @@ def sweep(engine: LLMEngine, args: argparse.Namespace, train_pos, eval_pos, voca
     emb, head = model.tok_embeddings.weight.detach().float(), model.output.weight.detach().float()
     chosen = [v for v in VARIANTS if v[0] in args.variants.split(",")]
     results: dict = {"info": info, "variants": {}}
+    if args.reference is not None:
+        ref = Drafter.from_pretrained(args.reference, emb).to(emb.device)
+        own = td.evaluate(ref, emb, eval_pos, 5)
+        ref.set_draft_vocab(None)
+        results["reference"] = {"heldout_full_vocab": td.evaluate(ref, emb, eval_pos, 5),
+                                "heldout_draft_vocab": own}  # fmt: skip
+        log({"event": "reference", **results["reference"]})
     best: tuple[float, float] | None = None
     for n, (name, layers, kd) in enumerate(chosen):
         share = (args.deadline_s - (time.perf_counter() - T0) - 25) / (len(chosen) - n)
@@ -166,6 +175,7 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=4096)
     ap.add_argument("--epochs", type=int, default=200, help="at most; the time share decides")
     ap.add_argument("--variants", default=",".join(v[0] for v in VARIANTS))
+    ap.add_argument("--reference", type=Path, help="a drafter to measure on the same rows")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     settings = Settings()
