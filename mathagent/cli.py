@@ -525,6 +525,10 @@ def train_drafter(
     draft_vocab: Annotated[
         int, typer.Option(min=0, help="Draft only from the N most frequent tokens (0: all).")
     ] = 0,
+    kd_weight: Annotated[
+        float,
+        typer.Option(min=0.0, max=1.0, help="Share of the loss that is KL to the base's softmax."),
+    ] = 0.0,
     device: Annotated[
         str | None, typer.Option(help="Engine device for the base (default: the settings').")
     ] = None,
@@ -570,7 +574,7 @@ def train_drafter(
         draft_len=draft_len, layers=layers, exit_dim=exit_dim, epochs=epochs, lr=lr,
         batch_positions=batch_positions, max_seq_len=engine.max_seq_len,
         time_budget_s=train_budget_s, base_batch=engine.config.max_batch_size,
-        draft_vocab=draft_vocab,
+        draft_vocab=draft_vocab, kd_weight=kd_weight,
     )  # fmt: skip
     encode = lambda text: engine.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     examples = [
@@ -579,7 +583,8 @@ def train_drafter(
     ]  # fmt: skip
     base_fn = td.engine_base_fn(engine.runner)
     emb = engine.runner.model.tok_embeddings.weight.detach()
-    metrics = td.train(base_fn, emb, examples, cfg, out, compact=compact)
+    head = engine.runner.model.output.weight.detach()
+    metrics = td.train(base_fn, emb, examples, cfg, out, compact=compact, teacher_head=head)
     if as_json:
         _print_json(metrics)
     else:

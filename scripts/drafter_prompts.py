@@ -4,15 +4,16 @@ Problems are rendered with the agent's prompt for the default model (its templat
 as `benchmarks/spec_bench.py` renders them. GSM8K test problems 0-19 are the benchmark's and
 are left out; problems 20-99 are held out (``heldout: true``: greedy transcripts that only
 measure the drafter); the rest of GSM8K test, MATH-500, AMC 2023, AIME 2024/2025 and the AIMO
-reference sets are training prompts.
+reference sets are training prompts. ``--no-tools`` renders the training problems with the
+agent's tools-off prompt instead (more of the base's own text; no held-out prompts).
 
-    python scripts/drafter_prompts.py OUT.jsonl
+    python scripts/drafter_prompts.py OUT.jsonl [--no-tools]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 from mathagent.agent.prompts import ChatTemplate, select_template
@@ -30,12 +31,13 @@ def rows(name: str) -> list[dict]:
     return [json.loads(x) for x in (DATASETS / f"{name}.jsonl").read_text().splitlines() if x]
 
 
-def main(out: Path) -> None:
+def main(out: Path, tools: bool) -> None:
     settings = Settings()
     chat = ChatTemplate.load(default_gguf_path(settings.model_dir))
-    template = select_template(settings.agent.prompt_format, DEFAULT_MODEL_NAME, tools=True)
+    template = select_template(settings.agent.prompt_format, DEFAULT_MODEL_NAME, tools=tools)
     gsm = rows("gsm8k_test")
-    items = [(f"gsm8k/{i}", r, True) for i, r in enumerate(gsm) if BENCH <= i < HELDOUT]
+    # the held-out set is measured in the agent's tool-use prompt only
+    items = [(f"gsm8k/{i}", r, True) for i, r in enumerate(gsm) if BENCH <= i < HELDOUT and tools]
     items += [(f"gsm8k/{i}", r, False) for i, r in enumerate(gsm) if i >= HELDOUT]
     items += [(f"{n}/{r['id']}", r, False) for n in TRAIN_SETS for r in rows(n)]
     with out.open("w") as f:
@@ -47,4 +49,8 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--no-tools", action="store_true", help="the tools-off prompt")
+    args = parser.parse_args()
+    main(args.out, tools=not args.no_tools)

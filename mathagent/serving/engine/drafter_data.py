@@ -4,7 +4,9 @@ Row t holds the base's final hidden state at t, the ids of the next ``K`` tokens
 (t + 1 ... t + K, the inputs the recurrent state consumes) and ``K`` labels: the base's greedy
 token after each of them (``preds[t + 1 + i]``, naming token t + 2 + i). Labels are the base's
 own predictions, so the drafter learns what greedy verification accepts. A label whose token
-lies before the example's ``start`` (prompt text) or past its end is -100 (ignored).
+lies before the example's ``start`` (prompt text) or past its end is -100 (ignored). For
+soft-label distillation a row may also keep the base's hidden state behind each label
+(``hidden[t + 1 + i]``): the base's head turns it into the target's whole next-token distribution.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Positions:
     hidden: Tensor  # [N, H] float32 base hidden state at t
     inputs: Tensor  # [N, K] int64 tokens t + 1 ... t + K (0 past the end)
     labels: Tensor  # [N, K] int64 base's greedy token after each input; -100 = none
+    teacher: Tensor | None = None  # [N, K, H] base hidden state whose argmax is each label
 
     @property
     def size(self) -> int:
@@ -39,17 +42,22 @@ class Positions:
 
     def slice(self, start: int, end: int) -> Positions:
         """Rows ``start:end``."""
-        return Positions(self.hidden[start:end], self.inputs[start:end], self.labels[start:end])
+        teacher = None if self.teacher is None else self.teacher[start:end]
+        return Positions(
+            self.hidden[start:end], self.inputs[start:end], self.labels[start:end], teacher
+        )
 
     def take(self, idx: Tensor) -> Positions:
         """Rows ``idx`` (a minibatch)."""
-        return Positions(self.hidden[idx], self.inputs[idx], self.labels[idx])
+        teacher = None if self.teacher is None else self.teacher[idx]
+        return Positions(self.hidden[idx], self.inputs[idx], self.labels[idx], teacher)
 
 
 def example_rows(
-    hidden: Tensor, preds: Tensor, tokens: Tensor, start: int, k: int
+    hidden: Tensor, preds: Tensor, tokens: Tensor, start: int, k: int, teacher: bool = False
 ) -> Positions | None:
-    """Rows of one sequence: hidden [T, H], preds [T], tokens [T] on one device."""
+    """Rows of one sequence: hidden [T, H], preds [T], tokens [T] on one device; ``teacher``
+    keeps the hidden state behind every label too (soft-label distillation)."""
     t_len = tokens.numel()
     lo = max(start - 1 - k, 0)  # the first row with a label at or after ``start``
     if lo > t_len - 2:
@@ -62,7 +70,8 @@ def example_rows(
     labelled = inside & (idx + 1 >= start)  # the label names token idx + 1
     labels = torch.where(labelled, preds[safe], torch.full_like(safe, IGNORE))
     keep = labelled.any(-1)
-    return Positions(hidden[rows][keep], inputs[keep], labels[keep])
+    soft = hidden[safe[keep]] if teacher else None  # [N, K, H]; unlabelled steps are masked
+    return Positions(hidden[rows][keep], inputs[keep], labels[keep], soft)
 
 
 def build_positions(
@@ -71,6 +80,7 @@ def build_positions(
     k: int,
     max_rows: int = 1,
     batch_tokens: int = 32768,
+    teacher: bool = False,
 ) -> Positions:
     """Run the frozen base over every example once (batched) and gather all their rows."""
     parts: list[Positions] = []
@@ -79,16 +89,23 @@ def build_positions(
             outs = base_fn([examples[i].tokens for i in group])
             for i, (hidden, preds) in zip(group, outs, strict=True):
                 tokens = torch.tensor(examples[i].tokens, device=hidden.device)
-                rows = example_rows(hidden.float(), preds, tokens, examples[i].start, k)
+                rows = example_rows(hidden.float(), preds, tokens, examples[i].start, k, teacher)
                 if rows is not None:
                     parts.append(rows)
     if not parts:
         raise ValueError("no training positions: every example is too short")
+    return concat_positions(parts)
+
+
+def concat_positions(parts: Sequence[Positions]) -> Positions:
+    """One table of several (all with teacher states, or none)."""
     # concatenated outside inference mode: plain tensors that autograd may read
+    soft = [p.teacher for p in parts]
     return Positions(
         torch.cat([p.hidden for p in parts]),
         torch.cat([p.inputs for p in parts]),
         torch.cat([p.labels for p in parts]),
+        None if any(t is None for t in soft) else torch.cat(soft),  # type: ignore[arg-type]
     )
 
 

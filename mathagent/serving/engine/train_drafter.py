@@ -4,7 +4,8 @@ The base runs once over every training sequence (on the engine's device); its fi
 states and greedy predictions become a flat table of positions, and the drafter trains on
 random minibatches of positions, so the base's cost is paid once and a step is a few large
 matmuls. The loss at position t sums cross-entropy over the next ``draft_len`` tokens
-(t + 2 ... t + 1 + draft_len), as in apple/ml-recurrent-drafter; held-out sequences give
+(t + 2 ... t + 1 + draft_len), as in apple/ml-recurrent-drafter, optionally mixed with the KL
+to the base's whole distribution (``kd_weight``, see ``drafter_loss``); held-out sequences give
 ``redrafter{i}_top1`` / ``_top5`` (step i predicts token t + 2 + i with teacher forcing).
 """
 
@@ -25,6 +26,7 @@ from torch import Tensor
 
 from mathagent.serving.engine.distill import open_text
 from mathagent.serving.engine.drafter_data import Positions, build_positions
+from mathagent.serving.engine.drafter_loss import draft_loss
 from mathagent.serving.engine.redrafter import Drafter, DrafterConfig
 
 if TYPE_CHECKING:
@@ -53,6 +55,7 @@ class TrainConfig:
     time_budget_s: float | None = None  # training stops (annealed) when this runs out
     base_batch: int = 1  # sequences per base forward (at most the engine's KV-cache slots)
     draft_vocab: int = 0  # >0: keep this many most frequent training tokens as draft vocab
+    kd_weight: float = 0.0  # share of the loss that is KL to the base's soft distribution
 
 
 @dataclass
@@ -216,19 +219,24 @@ def train(
     out: Path,
     compact: bool = False,
     report: Callable[[dict], None] = lambda m: log.info("%s", m),
+    teacher_head: Tensor | None = None,
 ) -> dict[str, float]:
-    """Train, evaluate on held-out examples, save the checkpoint; return the final metrics."""
-    torch.manual_seed(cfg.seed)
+    """Train, evaluate on held-out examples, save the checkpoint; return the final metrics.
+
+    ``teacher_head`` is the base's output projection [V, H] (default: ``embedding``, a tied
+    head); it is read only with ``cfg.kd_weight > 0``.
+    """
     train_ex, eval_ex = _split(examples, cfg)
     emb = embedding.detach().float()
     t0 = time.perf_counter()
-    train_pos = build_positions(base_fn, train_ex, cfg.draft_len, cfg.base_batch)
+    soft = cfg.kd_weight > 0
+    train_pos = build_positions(base_fn, train_ex, cfg.draft_len, cfg.base_batch, teacher=soft)
     eval_pos = build_positions(base_fn, eval_ex, cfg.draft_len, cfg.base_batch)
     secs = round(time.perf_counter() - t0, 1)
     report({"event": "features", "train_sequences": len(train_ex), "eval_sequences": len(eval_ex),
             "train_positions": train_pos.size, "eval_positions": eval_pos.size, "seconds": secs})  # fmt: skip
-    drafter = new_drafter(emb, cfg)
-    steps = _fit(drafter, emb, train_pos, eval_pos, cfg, report)
+    head = emb if teacher_head is None else teacher_head.detach().float()
+    drafter, steps = fit(emb, train_pos, eval_pos, cfg, report, head)
     if cfg.draft_vocab:
         drafter.set_draft_vocab(frequent_tokens(train_pos.labels, cfg.draft_vocab))
     metrics = evaluate(drafter, emb, eval_pos, cfg.top_k)
@@ -251,19 +259,22 @@ def _split(examples: list[Example], cfg: TrainConfig) -> tuple[list[Example], li
     return shuffled[n_eval:], shuffled[:n_eval] or shuffled
 
 
-def _fit(
-    drafter: Drafter,
+def fit(
     emb: Tensor,
     data: Positions,
     eval_data: Positions,
     cfg: TrainConfig,
-    report: Callable[[dict], None],
-) -> int:
-    """AdamW over random minibatches; warm-up then cosine decay over steps or the time budget.
+    report: Callable[[dict], None] = lambda m: log.info("%s", m),
+    teacher_head: Tensor | None = None,
+) -> tuple[Drafter, int]:
+    """A new drafter trained on ``data``; returns it and the number of optimiser steps.
 
+    AdamW over random minibatches; warm-up then cosine decay over steps or the time budget.
     The drafter is evaluated after every epoch and ends with the weights of its best epoch
     (held-out ``chain_acceptance_length``): small self-distilled sets overfit late in training.
     """
+    torch.manual_seed(cfg.seed)
+    drafter = new_drafter(emb, cfg)
     head = drafter.lm_head[-1].weight  # the full softmax: every token competes, as in drafting
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
@@ -284,7 +295,8 @@ def _fit(
             batch = data.take(order[s : s + cfg.batch_positions])
             # bf16 matmuls on CUDA (the vocabulary projection dominates); the loss stays fp32
             with torch.autocast("cuda", torch.bfloat16, enabled=emb.device.type == "cuda"):
-                loss = _loss(step_logits(drafter, emb, batch, head), batch.labels)
+                logits = step_logits(drafter, emb, batch, head)
+                loss = draft_loss(logits, batch, teacher_head, cfg.kd_weight)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -299,7 +311,7 @@ def _fit(
     # a run stopped by the time budget ends mid-epoch: its last weights are a candidate too
     best = _keep_best(best, drafter, evaluate(drafter, emb, eval_data, cfg.top_k))
     drafter.load_state_dict(best[1])
-    return step
+    return drafter, step
 
 
 def _keep_best(
@@ -310,16 +322,6 @@ def _keep_best(
     if best is not None and best[0] >= score:
         return best
     return score, {k: v.detach().clone() for k, v in drafter.state_dict().items()}
-
-
-def _loss(logits: list[Tensor], labels: Tensor) -> Tensor:
-    """Cross-entropy summed over draft steps (a step with no label in the batch adds 0)."""
-    total = logits[0].new_zeros(())
-    for i, lg in enumerate(logits):
-        ok = labels[:, i] >= 0
-        if ok.any():
-            total = total + torch.nn.functional.cross_entropy(lg[ok], labels[ok, i])
-    return total
 
 
 def _schedule(progress: float) -> float:
