@@ -43,6 +43,10 @@ class EngineSettings(BaseModel):
         None, ge=1, le=64, description="ReDrafter beams (greedy); unset = 4 on CUDA, 1 on CPU"
     )
     eager: bool = Field(True, description="skip torch.compile / CUDA graphs")
+    pack_weights: bool = Field(
+        True,
+        description="CPU float32: also keep MKL-packed weights for 4-8-row steps (2x weight memory)",
+    )
     threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch default")
 
 

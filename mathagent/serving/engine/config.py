@@ -32,6 +32,7 @@ class EngineConfig:
     threads: int | None
     quantization: str = "none"
     prefix_caching: bool = True
+    pack_weights: bool = True
     prefill_chunk: int = 512
 
     @classmethod
@@ -59,6 +60,7 @@ class EngineConfig:
             threads=settings.threads,
             quantization=settings.quantization,
             prefix_caching=settings.prefix_caching,
+            pack_weights=settings.pack_weights,
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from mathagent.serving.engine import cuda_kernels
+from mathagent.serving.engine import cuda_kernels, packed_linear
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.cuda_graphs import CudaGraphRunner
 from mathagent.serving.engine.kv_cache import KVCache
@@ -53,6 +53,13 @@ class ModelRunner:
             else None
         )
         self.lookahead = GreedyLookahead(self.graphs) if self.graphs is not None else None
+        if (
+            config.pack_weights
+            and config.device.type == "cpu"
+            and config.dtype == torch.float32
+            and packed_linear.available()
+        ):
+            packed_linear.pack_linears(model)
         compiled = not config.eager and not use_graphs
         self._model = torch.compile(model, dynamic=True) if compiled else model
 
