@@ -40,12 +40,12 @@ class EngineSettings(BaseModel):
     speculative: str = Field("none", description="none | ngram | draft:PATH | redrafter:PATH")
     draft_len: int = Field(3, ge=1, le=16)
     draft_beams: int | None = Field(
-        None, ge=1, le=64, description="ReDrafter beams (greedy); unset = 4 on CUDA, 1 on CPU"
+        None, ge=1, le=64, description="ReDrafter beams (greedy); unset = 4, or 1 with CPU int4"
     )
     eager: bool = Field(True, description="skip torch.compile / CUDA graphs")
     pack_weights: bool = Field(
         True,
-        description="CPU float32: also keep MKL-packed weights for 4-8-row steps (2x weight memory)",
+        description="CPU float32: also keep MKL-packed weights for 4-16-row steps (3x weight memory)",
     )
     threads: int | None = Field(None, ge=1, description="torch CPU threads; None = torch default")
 

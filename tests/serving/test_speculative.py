@@ -75,14 +75,14 @@ def test_greedy_speculation_is_token_identical(engine, plain, layer_skip_draft, 
     assert sum(forwards) < sum(totals)  # speculation saved target forwards
 
 
-def test_redrafter_tree_through_the_target_head_is_token_identical(engine, plain) -> None:
-    """Four beams verified as one prefix tree (the CUDA default; CPU drafts one chain)."""
+def test_redrafter_chain_through_the_target_head_is_token_identical(engine, plain) -> None:
+    """One beam, an argmax chain (the CPU int4 default; elsewhere four beams, a prefix tree)."""
     from mathagent.serving.engine.drafters import load_proposer
     from mathagent.serving.engine.speculative import SpecMethod
 
-    assert engine.config.draft_beams == 1  # the parametrized test above covers the chain
-    method = SpecMethod("redrafter", f"{SHIPPED_DRAFTER}/")  # a key of its own: four beams
-    proposer = load_proposer(method, engine.runner, 4, engine.speculator.model_dir)
+    assert engine.config.draft_beams == 4  # the parametrized test above covers the tree
+    method = SpecMethod("redrafter", f"{SHIPPED_DRAFTER}/")  # a key of its own: one beam
+    proposer = load_proposer(method, engine.runner, 1, engine.speculator.model_dir)
     # it drafts through the target's own head, restricted to the drafter's draft vocabulary
     drafter, x = proposer.drafter, torch.randn(2, 576)
     assert drafter.draft_vocab is not None and drafter._head is not None

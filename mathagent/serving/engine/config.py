@@ -55,7 +55,7 @@ class EngineConfig:
             max_seq_len=settings.max_seq_len,
             speculative=settings.speculative,
             draft_len=settings.draft_len,
-            draft_beams=settings.draft_beams or default_beams(device),
+            draft_beams=settings.draft_beams or default_beams(device, settings.quantization),
             eager=settings.eager,
             threads=settings.threads,
             quantization=settings.quantization,
@@ -64,10 +64,12 @@ class EngineConfig:
         )
 
 
-def default_beams(device: torch.device) -> int:
-    """ReDrafter beams when unset: a tree of 4 on CUDA, where scoring 13 tokens costs about
-    what 4 do; one argmax chain on CPU, where every extra token verified or drafted costs time."""
-    return 4 if device.type == "cuda" else 1
+def default_beams(device: torch.device, quantization: str = "none") -> int:
+    """ReDrafter beams when unset: a tree of 4 beams, whose 13 tokens a verify scores for
+    about what 4 cost on CUDA, and on a CPU for ~1.2x as much with bf16 AMX or packed float32
+    products, against a 2.3 -> 2.7 longer acceptance. The int4 CPU kernels cost in proportion
+    to the rows, so there one argmax chain is faster (1.6x plain vs 1.1x with 4 beams)."""
+    return 1 if device.type == "cpu" and quantization != "none" else 4
 
 
 def _quantized_dtype(settings: EngineSettings, device: torch.device) -> torch.dtype:
