@@ -104,6 +104,17 @@ def test_eviction_prefers_empty_then_least_recently_freed_slots():
     assert fresh.slot == 0 and fresh.num_cached == 0  # slot 0 was freed first
 
 
+def test_a_freed_slot_written_by_someone_else_is_not_reused():
+    writes = [0, 0]
+    sched = Scheduler(num_slots=2, slot_writes=writes)
+    _run_to_end(sched, _seq("a", [1, 2, 3]), [4])
+    writes[0] += 1  # e.g. drafter training ran the runner on slot 0
+    again = _seq("b", [1, 2, 3, 4, 5])
+    sched.add(again)
+    sched.schedule()
+    assert again.num_cached == 0
+
+
 def test_switched_off_nothing_is_kept_or_reused():
     sched = Scheduler(num_slots=2, prefix_caching=False)
     _run_to_end(sched, _seq("a", [1, 2, 3]), [4])
@@ -137,3 +148,20 @@ def test_reused_prefixes_give_the_same_greedy_tokens(engine_settings):
         cached = [second.metrics.cached_tokens, sibling.metrics.cached_tokens]
         assert (min(cached) > 10) if caching else cached == [0, 0]
     assert outputs[True] == outputs[False]
+
+
+def test_runner_users_outside_the_scheduler_invalidate_kept_prefixes(engine_settings):
+    """Drafter training runs the engine's runner on slots 0.. directly; a prompt that a freed
+    slot held before must then be prefilled again, not read from overwritten keys."""
+    from mathagent.config import Settings
+    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.llm_engine import LLMEngine
+    from mathagent.serving.engine.train_drafter import engine_base_fn
+
+    eng = LLMEngine(EngineConfig.from_settings(engine_settings), Settings().model_dir)
+    params = SamplingParams(max_tokens=8, temperature=0)
+    prompt = "def fibonacci(n):"
+    (before,) = eng.generate([prompt], params)
+    engine_base_fn(eng.runner)([eng.encode("Once upon a time, there was a dragon")])
+    (after,) = eng.generate([prompt], params)
+    assert after.metrics.cached_tokens == 0 and after.token_ids == before.token_ids

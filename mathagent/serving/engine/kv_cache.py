@@ -34,6 +34,9 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_slots = num_slots
         self.max_seq = max_seq
+        # forwards that wrote each slot: a freed slot's keys and values are reusable only while
+        # this is unchanged (drafter training and distillation run the runner on slots directly)
+        self.writes = [0] * num_slots
 
     def write_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Flat row indices ``[B*T*Hkv]`` of a layer's ``[S*Hkv*max_seq, D]`` view where the

@@ -46,12 +46,18 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class Scheduler:
     """Owns the waiting queue, the running set, the free slots and what each freed slot holds."""
 
-    def __init__(self, num_slots: int, prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_slots: int, prefix_caching: bool = True, slot_writes: list[int] | None = None
+    ) -> None:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.prefix_caching = prefix_caching
         # free slot -> the tokens whose K/V it still holds (empty: nothing worth keeping)
         self.free: dict[int, list[int]] = {slot: [] for slot in range(num_slots)}
+        # the KV cache's per-slot write counts (KVCache.writes), and their value when each slot
+        # was freed: a slot written since (by anything but this scheduler) holds other K/V
+        self._writes = slot_writes if slot_writes is not None else [0] * num_slots
+        self._writes_when_freed: dict[int, int] = {}
         self._freed_at: dict[int, int] = {}  # free slot -> when it was freed (LRU eviction)
         self._clock = itertools.count()
         self._last_kind: str | None = None
@@ -119,7 +125,11 @@ class Scheduler:
         prompt token is always prefilled: its logits give the first generated token."""
         limit = len(prompt) - 1
         holders = [(s.slot, s.cached_ids) for s in self.running if s.slot is not None]
-        holders += [(slot, ids) for slot, ids in self.free.items() if ids]
+        holders += [
+            (slot, ids)
+            for slot, ids in self.free.items()
+            if ids and self._writes[slot] == self._writes_when_freed.get(slot)
+        ]
         best, donor = 0, None
         for slot, ids in holders:
             n = min(common_prefix(prompt, ids), limit)
@@ -144,5 +154,6 @@ class Scheduler:
         if seq.slot is not None:
             self.free[seq.slot] = seq.cached_ids if self.prefix_caching else []
             self._freed_at[seq.slot] = next(self._clock)
+            self._writes_when_freed[seq.slot] = self._writes[seq.slot]
             seq.slot = None
         seq.status = Status.FINISHED
