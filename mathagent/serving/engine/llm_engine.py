@@ -148,7 +148,7 @@ class LLMEngine:
             token = self.runner.prefill(seq)
             if token is None:
                 return [None]
-            self.speculator.prefilled(batch.seqs[0], self.runner.last_hidden)
+            self.speculator.prefilled(seq, self.runner.last_hidden)
             return [[token]]
         if self._speculating(batch.seqs):
             return list(self.speculator.step(batch.seqs))

@@ -104,7 +104,6 @@ class Scheduler:
     def _admit(self) -> Sequence:
         seq = self.waiting.popleft()
         seq.status = Status.RUNNING
-        seq.num_cached = 0
         seq.prefix_source = None
         reuse, donor = self._best_prefix(seq.prompt_ids) if self.prefix_caching else (0, None)
         if donor is not None and donor in self.free:
