@@ -24,6 +24,7 @@ import time
 import torch
 
 from mathagent.config import EngineSettings, Settings
+from mathagent.model_store import resolve_model
 from mathagent.serving.engine.config import EngineConfig, SamplingParams
 from mathagent.serving.engine.llm_engine import LLMEngine
 
@@ -150,7 +151,9 @@ def main() -> None:
     engines = {}
     for name in args.configs.split(","):
         settings = EngineSettings(device="cpu", max_batch_size=8, max_seq_len=1024, **CONFIGS[name])
-        engines[name] = LLMEngine(EngineConfig.from_settings(settings), Settings().model_dir)
+        model_dir = Settings().model_dir
+        config = EngineConfig.from_settings(settings, resolve_model(None, model_dir))
+        engines[name] = LLMEngine(config, model_dir)
     measured = batch1(engines, args.tokens, args.repeats)
     ref = measured.pop("transformers")
     results = {}

@@ -27,6 +27,7 @@ from engine_bench import CONFIGS  # same engine configurations as the engine ben
 
 from mathagent.agent.prompts import ChatTemplate, select_template
 from mathagent.config import EngineSettings, Settings
+from mathagent.model_store import resolve_model
 from mathagent.serving.engine.config import EngineConfig, SamplingParams
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.spec_stats import SpecStats
@@ -63,7 +64,9 @@ def main() -> None:
         draft_len=args.draft_len, threads=args.threads,
         **({"draft_beams": args.beams} if args.beams else {}),
     )  # fmt: skip
-    engine = LLMEngine(EngineConfig.from_settings(settings), Settings().model_dir)
+    model_dir = Settings().model_dir
+    config = EngineConfig.from_settings(settings, resolve_model(None, model_dir))
+    engine = LLMEngine(config, model_dir)
     prompts = agent_prompts(engine, args.limit)
     methods = ["none", "ngram", f"redrafter:{args.drafter}"]
     seconds = dict.fromkeys(methods, 0.0)

@@ -49,7 +49,7 @@ def _not_yet(what: str) -> typer.Exit:
 @app.command("fetch-model")
 def fetch_model() -> None:
     """Fetch the default model (SmolLM2-135M-Instruct GGUF) into the model cache."""
-    from mathagent.serving.model_store import ModelFetchError, fetch_default_model
+    from mathagent.model_store import ModelFetchError, fetch_default_model
 
     settings = Settings()
     try:
@@ -250,6 +250,7 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Generate text with the embedded engine."""
+    from mathagent.model_store import ModelFetchError, resolve_model
     from mathagent.serving.engine.config import EngineConfig, EngineConfigError, SamplingParams
     from mathagent.serving.engine.llm_engine import LLMEngine, PromptError
     from mathagent.serving.engine.loader import ModelLoadError
@@ -257,12 +258,19 @@ def generate(
 
     settings = Settings()
     settings.engine.speculative = speculative
+    errors = (
+        EngineConfigError,
+        ModelLoadError,
+        UnsupportedModelError,
+        PromptError,
+        ModelFetchError,
+    )
     try:
-        config = EngineConfig.from_settings(settings.engine, model or settings.model)
-        engine = LLMEngine(config, settings.model_dir)
+        spec = resolve_model(model or settings.model, settings.model_dir)
+        engine = LLMEngine(EngineConfig.from_settings(settings.engine, spec), settings.model_dir)
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
         (result,) = engine.generate([prompt], params)
-    except (EngineConfigError, ModelLoadError, UnsupportedModelError, PromptError) as exc:
+    except errors as exc:
         raise _fail(str(exc)) from exc
     m = result.metrics
     elapsed = (m.finished or 0.0) - m.arrival
@@ -542,6 +550,7 @@ def train_drafter(
     """Train a ReDrafter head on a frozen base model."""
     import logging
 
+    from mathagent.model_store import resolve_model
     from mathagent.serving.engine import train_drafter as td
     from mathagent.serving.engine.config import EngineConfig
     from mathagent.serving.engine.distill import DistillConfig
@@ -554,10 +563,10 @@ def train_drafter(
     engine_settings = settings.engine
     if device is not None:
         engine_settings = engine_settings.model_copy(update={"device": device})
-    model = None if base == "default" else base
     try:
+        model = resolve_model(None if base == "default" else base, settings.model_dir)
         engine = LLMEngine(EngineConfig.from_settings(engine_settings, model), settings.model_dir)
-    except (ModelLoadError, OSError, ValueError) as exc:
+    except (ModelLoadError, OSError, ValueError, RuntimeError) as exc:
         raise _fail(str(exc)) from exc
     if engine.tokenizer is None:
         raise _fail(f"{base} has no tokenizer; train-drafter reads text")

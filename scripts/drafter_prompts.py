@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mathagent.agent.prompts import ChatTemplate, select_template
 from mathagent.config import DEFAULT_MODEL_NAME, Settings
-from mathagent.serving.model_store import default_gguf_path
+from mathagent.model_store import default_gguf_path
 
 REPO = Path(__file__).resolve().parents[1]
 DATASETS = REPO.parent / "shared" / "datasets"

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from mathagent.config import Settings
+from mathagent.model_store import resolve_model
 from mathagent.serving.engine import train_drafter as td
 from mathagent.serving.engine.batch_distill import BatchDistiller, BatchJob, Transcript
 from mathagent.serving.engine.config import EngineConfig
@@ -179,7 +180,8 @@ def main() -> None:
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     settings = Settings()
-    engine = LLMEngine(EngineConfig.from_settings(settings.engine), settings.model_dir)
+    config = EngineConfig.from_settings(settings.engine, resolve_model(None, settings.model_dir))
+    engine = LLMEngine(config, settings.model_dir)
     log({"event": "loaded", "slots": engine.runner.config.max_batch_size})
     done = generate(engine, args, 3)
     train_pos, eval_pos, vocab, info = tables(engine, args, done, 3)

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from mathagent.config import EngineSettings, Settings
+from mathagent.model_store import resolve_model
 from mathagent.serving.engine import train_drafter as td
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.drafter_data import build_positions
@@ -34,7 +35,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     settings = EngineSettings(device="cpu", dtype="float32", max_batch_size=8, max_seq_len=1024)
-    engine = LLMEngine(EngineConfig.from_settings(settings), Settings().model_dir)
+    model_dir = Settings().model_dir
+    config = EngineConfig.from_settings(settings, resolve_model(None, model_dir))
+    engine = LLMEngine(config, model_dir)
     emb = engine.runner.model.tok_embeddings.weight.detach().float()
     drafter = Drafter.from_pretrained(args.drafter, emb).eval()
     drafter.set_draft_vocab(None)

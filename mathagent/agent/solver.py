@@ -217,7 +217,7 @@ def build_solver(
         if settings.model and Path(settings.model).expanduser().exists():
             tokenizer = settings.model
         elif model == DEFAULT_MODEL_NAME:
-            from mathagent.serving.model_store import default_gguf_path
+            from mathagent.model_store import default_gguf_path
 
             tokenizer = str(default_gguf_path(settings.model_dir))
     llm = open_llm(base_url, model, settings.agent, settings.llm_api_key, tokenizer)

@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from mathagent.config import Settings
+from mathagent.model_store import resolve_model
 from mathagent.serving.engine.async_engine import AsyncEngine
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.llm_engine import LLMEngine, PromptError
@@ -205,7 +206,8 @@ async def _stream_events(
 
 def build_engine(settings: Settings, model: str | None = None) -> LLMEngine:
     """The embedded engine for ``settings`` (``model`` overrides ``settings.model``)."""
-    config = EngineConfig.from_settings(settings.engine, model or settings.model)
+    spec = resolve_model(model or settings.model, settings.model_dir)
+    config = EngineConfig.from_settings(settings.engine, spec)
     return LLMEngine(config, settings.model_dir)
 
 

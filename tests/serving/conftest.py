@@ -43,11 +43,20 @@ def engine_settings() -> EngineSettings:
 
 
 @pytest.fixture(scope="session")
-def engine(engine_settings):
+def default_model() -> str:
+    """The default model's GGUF path (fetched once into the model cache)."""
+    from mathagent.model_store import resolve_model
+
+    return resolve_model(None, Settings().model_dir)
+
+
+@pytest.fixture(scope="session")
+def engine(engine_settings, default_model):
     from mathagent.serving.engine.config import EngineConfig
     from mathagent.serving.engine.llm_engine import LLMEngine
 
-    return LLMEngine(EngineConfig.from_settings(engine_settings), Settings().model_dir)
+    config = EngineConfig.from_settings(engine_settings, default_model)
+    return LLMEngine(config, Settings().model_dir)
 
 
 TINY_SERVER = Path(__file__).with_name("tiny_server.py")

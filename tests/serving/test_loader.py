@@ -43,13 +43,13 @@ def test_unknown_speculative_method_is_refused():
     assert EngineConfig.from_settings(EngineSettings(speculative="ngram")).speculative == "ngram"
 
 
-def test_gguf_conversion_is_cached():
+def test_gguf_conversion_is_cached(default_model):
     settings = Settings()
-    folder, name = resolve_folder(None, settings.model_dir)
+    folder, name = resolve_folder(default_model, settings.model_dir)
     assert name == "SmolLM2-135M-Instruct"
     assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
     start = time.perf_counter()
-    assert resolve_folder(None, settings.model_dir)[0] == folder
+    assert resolve_folder(default_model, settings.model_dir)[0] == folder
     assert time.perf_counter() - start < 1.0
 
 

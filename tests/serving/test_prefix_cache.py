@@ -125,7 +125,7 @@ def test_switched_off_nothing_is_kept_or_reused():
     assert again.num_cached == 0 and again.metrics.cached_tokens == 0
 
 
-def test_reused_prefixes_give_the_same_greedy_tokens(engine_settings):
+def test_reused_prefixes_give_the_same_greedy_tokens(engine_settings, default_model):
     """An agent-style second turn (first prompt + its answer + more) and a request sharing a
     running request's prefix decode the same tokens as an engine that recomputes everything."""
     from mathagent.config import Settings
@@ -136,7 +136,8 @@ def test_reused_prefixes_give_the_same_greedy_tokens(engine_settings):
     engines = {}
     for caching in (True, False):
         settings = engine_settings.model_copy(update={"prefix_caching": caching})
-        engines[caching] = LLMEngine(EngineConfig.from_settings(settings), Settings().model_dir)
+        config = EngineConfig.from_settings(settings, default_model)
+        engines[caching] = LLMEngine(config, Settings().model_dir)
     turn = "<|im_start|>user\nWhat is 12 * 7? Answer briefly.<|im_end|>\n<|im_start|>assistant\n"
     outputs: dict[bool, list[list[int]]] = {}
     for caching, eng in engines.items():
@@ -150,7 +151,9 @@ def test_reused_prefixes_give_the_same_greedy_tokens(engine_settings):
     assert outputs[True] == outputs[False]
 
 
-def test_runner_users_outside_the_scheduler_invalidate_kept_prefixes(engine_settings):
+def test_runner_users_outside_the_scheduler_invalidate_kept_prefixes(
+    engine_settings, default_model
+):
     """Drafter training runs the engine's runner on slots 0.. directly; a prompt that a freed
     slot held before must then be prefilled again, not read from overwritten keys."""
     from mathagent.config import Settings
@@ -158,7 +161,9 @@ def test_runner_users_outside_the_scheduler_invalidate_kept_prefixes(engine_sett
     from mathagent.serving.engine.llm_engine import LLMEngine
     from mathagent.serving.engine.train_drafter import engine_base_fn
 
-    eng = LLMEngine(EngineConfig.from_settings(engine_settings), Settings().model_dir)
+    eng = LLMEngine(
+        EngineConfig.from_settings(engine_settings, default_model), Settings().model_dir
+    )
     params = SamplingParams(max_tokens=8, temperature=0)
     prompt = "def fibonacci(n):"
     (before,) = eng.generate([prompt], params)

@@ -7,6 +7,7 @@ import torch
 from safetensors import safe_open
 
 from mathagent.config import EngineSettings, Settings
+from mathagent.model_store import resolve_model
 from mathagent.serving.engine.config import EngineConfig, EngineConfigError, SamplingParams
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import load_model, resolve_folder
@@ -20,7 +21,7 @@ from mathagent.serving.engine.quant import (
 
 
 def _default_weight(name: str) -> torch.Tensor:
-    folder, _ = resolve_folder(None, Settings().model_dir)
+    folder, _ = resolve_folder(resolve_model(None, Settings().model_dir), Settings().model_dir)
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         return f.get_tensor(name)
 
@@ -87,10 +88,10 @@ def test_engine_config_rejects_int4_with_other_activations(settings: dict, messa
         EngineConfig.from_settings(EngineSettings(quantization="int4", **settings))
 
 
-def test_int4_engine_generates_from_the_default_model() -> None:
+def test_int4_engine_generates_from_the_default_model(default_model) -> None:
     torch.set_num_threads(2)
     settings = EngineSettings(device="cpu", quantization="int4", max_batch_size=2, max_seq_len=256)
-    engine = LLMEngine(EngineConfig.from_settings(settings), Settings().model_dir)
+    engine = LLMEngine(EngineConfig.from_settings(settings, default_model), Settings().model_dir)
     layer = engine.loaded.model.layers[0]
     assert isinstance(layer.feed_forward.w13, Int4Linear)
     assert isinstance(engine.loaded.model.output, Int8Linear)

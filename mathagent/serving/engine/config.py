@@ -20,7 +20,7 @@ class EngineConfigError(ValueError):
 class EngineConfig:
     """Everything the engine needs to start; validated once, passed explicitly."""
 
-    model: str | None
+    model: str | None  # a folder, .gguf or random:SHAPE; None only with a loaded model given
     device: torch.device
     dtype: torch.dtype
     max_batch_size: int

@@ -43,9 +43,15 @@ class LLMEngine:
         if config.threads is not None:
             torch.set_num_threads(config.threads)
         self.config = config
-        self.loaded = loaded or load_model(
-            config.model, model_dir, config.device, config.dtype, config.quantization
-        )
+        if loaded is None:
+            if config.model is None:
+                raise EngineConfigError(
+                    "no model to load: the caller names one (or a loaded model)"
+                )
+            loaded = load_model(
+                config.model, model_dir, config.device, config.dtype, config.quantization
+            )
+        self.loaded = loaded
         self.tokenizer = self.loaded.tokenizer
         self.model_name = self.loaded.name
         self.max_seq_len = config.max_seq_len

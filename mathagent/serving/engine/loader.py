@@ -1,7 +1,8 @@
 """Model loading: Hugging Face folders, GGUF files (converted once and cached), random shapes.
 
-A model spec is one of: ``None`` (the default SmolLM2 GGUF), a folder holding ``config.json``,
-``*.safetensors`` and a tokenizer, a ``.gguf`` file, or ``random:<shape>``.
+A model spec is one of: a folder holding ``config.json``, ``*.safetensors`` and a tokenizer, a
+``.gguf`` file, or ``random:<shape>``. The default model is the caller's to resolve (the model
+store fetches its GGUF), so loading never downloads anything.
 """
 
 from __future__ import annotations
@@ -18,14 +19,12 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from mathagent.config import DEFAULT_MODEL_NAME
 from mathagent.serving.engine.model import (
     SUPPORTED_ARCHITECTURES,
     ModelArgs,
     Transformer,
 )
 from mathagent.serving.engine.quant import quantize_model
-from mathagent.serving.model_store import DEFAULT_GGUF_NAME, fetch_default_model
 
 # Named shapes for benchmarks and tests; weights are random.
 RANDOM_SHAPES: dict[str, dict[str, Any]] = {
@@ -81,7 +80,7 @@ def _supported() -> str:
 
 
 def load_model(
-    spec: str | None,
+    spec: str,
     model_dir: Path,
     device: torch.device,
     dtype: torch.dtype,
@@ -93,7 +92,7 @@ def load_model(
     original 4-bit codes back (see :mod:`mathagent.serving.engine.quant`).
     """
     load_dtype = torch.float32 if quantization != "none" else dtype
-    if spec is not None and spec.startswith("random:"):
+    if spec.startswith("random:"):
         loaded = _load_random(spec.removeprefix("random:"), device, load_dtype)
     else:
         folder, name = resolve_folder(spec, model_dir)
@@ -103,17 +102,13 @@ def load_model(
     return loaded
 
 
-def resolve_folder(spec: str | None, model_dir: Path) -> tuple[Path, str]:
+def resolve_folder(spec: str, model_dir: Path) -> tuple[Path, str]:
     """The Hugging Face folder for ``spec`` (converting a GGUF on first use) and a model name."""
-    if spec is None:
-        gguf = fetch_default_model(model_dir)
-        return convert_gguf(gguf, model_dir), DEFAULT_MODEL_NAME
     path = Path(spec).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path, path.name
     if path.is_file() and path.suffix == ".gguf":
-        name = DEFAULT_MODEL_NAME if path.name == DEFAULT_GGUF_NAME else gguf_model_name(path)
-        return convert_gguf(path, model_dir), name
+        return convert_gguf(path, model_dir), gguf_model_name(path)
     raise ModelLoadError(f"cannot load model {spec!r}; {_supported()}")
 
 

