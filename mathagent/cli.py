@@ -16,6 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from mathagent.config import API_PORT, ENGINE_PORT, SANDBOX_PORT, Settings
+from mathagent.serving.engine.spec_config import EMBEDDED_METHODS
 
 app = typer.Typer(
     name="mathagent",
@@ -242,9 +243,7 @@ def generate(
     prompt: Annotated[str, typer.Argument(help="Raw prompt text.")],
     max_tokens: Annotated[int, typer.Option(min=1, help="Tokens to generate.")] = 128,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 0.0,
-    speculative: Annotated[
-        str, typer.Option(help="none | ngram | draft:PATH | redrafter:PATH")
-    ] = "none",
+    speculative: Annotated[str, typer.Option(help=EMBEDDED_METHODS)] = "none",
     model: Annotated[str | None, typer.Option(help="Model path (default: SmolLM2).")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,

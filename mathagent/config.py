@@ -14,6 +14,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mathagent.serving.engine.spec_config import EMBEDDED_METHODS
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 # Contract ports (DESIGN.md): the embedded server sits where trtllm-serve would.
@@ -37,7 +39,7 @@ class EngineSettings(BaseModel):
         True,
         description="reuse K/V of a prompt prefix another slot holds (freed slots keep theirs)",
     )
-    speculative: str = Field("none", description="none | ngram | draft:PATH | redrafter:PATH")
+    speculative: str = Field("none", description=EMBEDDED_METHODS)
     draft_len: int = Field(3, ge=1, le=16)
     draft_beams: int | None = Field(
         None, ge=1, le=64, description="ReDrafter beams (greedy); unset = 4, or 1 with CPU int4"

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from mathagent.serving import sglang, trtllm, vllm
+from mathagent.serving.engine.spec_config import SpecMethod, SpecMethodError
 from mathagent.serving.plan import LaunchPlan, run_steps, server_process
 from mathagent.serving.presets import Method, ServePreset, get_preset
 from mathagent.serving.process import ServeError, install_hint, serve_foreground
@@ -75,8 +76,12 @@ def resolve_preset(req: ServeRequest) -> ServePreset:
 
 
 def _apply_speculative(data: dict, value: str) -> None:
-    """``none | ngram | draft:PATH | eagle3:PATH | redrafter:PATH`` onto the preset data."""
-    kind, _, path = value.partition(":")
+    """A ``--speculative`` value (the engine's grammar, :mod:`spec_config`) onto the preset data."""
+    try:
+        method = SpecMethod.parse(value)
+    except SpecMethodError as exc:
+        raise ValueError(f"--speculative: {exc}") from exc
+    kind, path = method.kind, method.path or ""
     current = data.get("speculation") or {}
     if data.get("build") and kind != "redrafter":
         raise ValueError(
@@ -90,25 +95,19 @@ def _apply_speculative(data: dict, value: str) -> None:
         data["speculation"] = {"method": Method.ngram, "max_draft_len": draft_len}
         data["speculation"]["max_matching_ngram_size"] = 3
         return
-    if not path:
-        raise ValueError(f"--speculative {kind} needs a path: {kind}:PATH")
     if kind == "redrafter":
         _apply_redrafter(data, path, draft_len)
         return
     methods = {"draft": Method.draft_target, "eagle3": Method.eagle3}
-    if kind not in methods:
-        raise ValueError(
-            f"--speculative {value!r}: use none, ngram, draft:PATH, eagle3:PATH, redrafter:PATH"
-        )
-    method = (
+    target = (
         current.get("method")
         if kind == "draft" and current.get("method") in methods.values()
         else methods[kind]
     )
     # A folder the user names replaces the preset's hub id and download target.
-    data["speculation"] = {"method": method, "max_draft_len": draft_len, "draft_dir": path}
+    data["speculation"] = {"method": target, "max_draft_len": draft_len, "draft_dir": path}
     data.setdefault("kv_cache", {})["enable_block_reuse"] = False
-    if method is Method.draft_target and data["name"] == "custom":
+    if target is Method.draft_target and data["name"] == "custom":
         data.setdefault("options", {})["disable_overlap_scheduler"] = True
 
 

@@ -21,7 +21,7 @@ from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import load_model
 from mathagent.serving.engine.redrafter import Drafter, DrafterConfig
 from mathagent.serving.engine.sampler import Sampler, SamplingBatch
-from mathagent.serving.engine.speculative import SpecMethod
+from mathagent.serving.engine.spec_config import SpecMethod
 from tests.serving.stats import chi_square_p
 
 PROMPT = [5, 17, 99, 3]

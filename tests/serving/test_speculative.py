@@ -78,7 +78,7 @@ def test_greedy_speculation_is_token_identical(engine, plain, layer_skip_draft, 
 def test_redrafter_chain_through_the_target_head_is_token_identical(engine, plain) -> None:
     """One beam, an argmax chain (the CPU int4 default; elsewhere four beams, a prefix tree)."""
     from mathagent.serving.engine.drafters import load_proposer
-    from mathagent.serving.engine.speculative import SpecMethod
+    from mathagent.serving.engine.spec_config import SpecMethod
 
     assert engine.config.draft_beams == 4  # the parametrized test above covers the tree
     method = SpecMethod("redrafter", f"{SHIPPED_DRAFTER}/")  # a key of its own: one beam

@@ -8,6 +8,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mathagent.config import EngineSettings
+from mathagent.serving.engine.spec_config import (
+    EMBEDDED_METHODS,
+    SpecMethodError,
+    embedded_method,
+)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -41,10 +46,8 @@ class EngineConfig:
         device, dtype = resolve_device_dtype(settings.device, settings.dtype)
         if settings.quantization != "none":
             dtype = _quantized_dtype(settings, device)
-        from mathagent.serving.engine.speculative import SpecMethod, SpecMethodError
-
         try:
-            SpecMethod.parse(settings.speculative)
+            embedded_method(settings.speculative)
         except SpecMethodError as exc:
             raise EngineConfigError(str(exc)) from exc
         return cls(
@@ -117,14 +120,12 @@ class SamplingParams(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
-    speculative: str | None = Field(None, description="none | ngram | draft:PATH | redrafter:PATH")
+    speculative: str | None = Field(None, description=EMBEDDED_METHODS)
 
     @field_validator("speculative")
     @classmethod
     def _known_method(cls, value: str | None) -> str | None:
-        from mathagent.serving.engine.speculative import SpecMethod
-
-        return None if value is None else str(SpecMethod.parse(value))
+        return None if value is None else str(embedded_method(value))
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -19,11 +19,11 @@ from mathagent.serving.engine.ngram import NgramProposer
 from mathagent.serving.engine.proposal import Draft, Proposer, SpecRow
 from mathagent.serving.engine.quant import Int8Linear
 from mathagent.serving.engine.redrafter import Drafter
+from mathagent.serving.engine.spec_config import SpecMethod, SpecMethodError
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.model import Transformer
     from mathagent.serving.engine.model_runner import ModelRunner
-    from mathagent.serving.engine.speculative import SpecMethod
 
 
 class NgramDrafts:
@@ -180,8 +180,6 @@ def head_rows(head: nn.Module, rows: Tensor | None) -> Callable[[Tensor], Tensor
 
 def load_proposer(method: SpecMethod, target: ModelRunner, beams: int, model_dir: Path) -> Proposer:
     """Build the proposer a method names (loading its weights)."""
-    from mathagent.serving.engine.speculative import SpecMethodError
-
     if method.kind == "ngram":
         return NgramDrafts()
     assert method.path is not None

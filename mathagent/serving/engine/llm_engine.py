@@ -18,7 +18,8 @@ from mathagent.serving.engine.loader import LoadedModel, load_model
 from mathagent.serving.engine.model_runner import ModelRunner
 from mathagent.serving.engine.scheduler import ScheduledBatch, Scheduler
 from mathagent.serving.engine.sequence import RequestMetrics, RequestOutput, Sequence
-from mathagent.serving.engine.speculative import SpecMethod, SpecMethodError, Speculator
+from mathagent.serving.engine.spec_config import SpecMethodError, embedded_method
+from mathagent.serving.engine.speculative import Speculator
 
 
 class PromptError(ValueError):
@@ -61,7 +62,7 @@ class LLMEngine:
         )
         self.speculator = Speculator(
             self.runner,
-            SpecMethod.parse(config.speculative),
+            embedded_method(config.speculative),
             config.draft_len,
             config.draft_beams,
             model_dir,
@@ -99,7 +100,7 @@ class LLMEngine:
         """Validate and tokenise a request without queueing it (safe from any thread)."""
         ids = self.encode(prompt)
         if params.speculative is not None:  # load (once) now: a bad drafter is the request's error
-            self.speculator.proposer(SpecMethod.parse(params.speculative))
+            self.speculator.proposer(embedded_method(params.speculative))
         detok = Detokenizer(self.tokenizer, params.stop, params.include_stop_str_in_output)
         rid = request_id or f"req-{next(self._ids)}"
         seq = Sequence(rid, ids, params, detok, self.loaded.eos_token_ids)

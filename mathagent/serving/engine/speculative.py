@@ -12,47 +12,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from mathagent.serving.engine.proposal import Draft, Proposer, SpecRow
 from mathagent.serving.engine.sampler import Sampler, SamplingBatch
+from mathagent.serving.engine.spec_config import SpecMethod, embedded_method
 from mathagent.serving.engine.spec_stats import SpecStats
 from mathagent.serving.engine.verify import Tree, build_tree, sample_verify, tree_greedy_verify
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.model_runner import ModelRunner
     from mathagent.serving.engine.sequence import Sequence
-
-METHODS = "none | ngram | draft:PATH | redrafter:PATH"
-
-
-class SpecMethodError(ValueError):
-    """A speculative method string that names no method (or a drafter that cannot load)."""
-
-
-@dataclass(frozen=True)
-class SpecMethod:
-    """A parsed ``--speculative`` value."""
-
-    kind: Literal["none", "ngram", "draft", "redrafter"]
-    path: str | None = None
-
-    @classmethod
-    def parse(cls, spec: str) -> SpecMethod:
-        """Parse ``none | ngram | draft:PATH | redrafter:PATH``."""
-        spec = spec.strip()
-        if spec in ("none", "ngram"):
-            return cls(spec)  # type: ignore[arg-type]
-        kind, sep, path = spec.partition(":")
-        if kind in ("draft", "redrafter") and sep and path:
-            return cls(kind, path)  # type: ignore[arg-type]
-        raise SpecMethodError(f"unknown speculative method {spec!r}; use {METHODS}")
-
-    def __str__(self) -> str:
-        return self.kind if self.path is None else f"{self.kind}:{self.path}"
 
 
 @dataclass
@@ -101,7 +74,7 @@ class Speculator:
     def method_of(self, seq: Sequence) -> SpecMethod:
         """The sequence's own method if its request named one, else the engine's."""
         spec = getattr(seq.params, "speculative", None)
-        return SpecMethod.parse(spec) if spec else self.default
+        return embedded_method(spec) if spec else self.default
 
     def request_stats(self, request_id: str) -> SpecStats | None:
         """Acceptance counters of a running request."""
