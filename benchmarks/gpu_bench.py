@@ -27,7 +27,7 @@ import gpu_default_model
 from gpu_common import build_hf_model, copy_bandwidth, hf_generate_tok_s, roofline
 
 from mathagent.serving.engine.config import EngineConfig, SamplingParams
-from mathagent.serving.engine.cuda_kernels import GEMV_CONFIGS
+from mathagent.serving.engine.cuda.kernels import GEMV_CONFIGS
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import LoadedModel, _hf_to_engine
 from mathagent.serving.engine.model import ModelArgs, Transformer

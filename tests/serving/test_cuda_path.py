@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mathagent.serving.engine import cuda_attention, cuda_kernels
+from mathagent.serving.engine.cuda import attention as cuda_attention
+from mathagent.serving.engine.cuda import kernels as cuda_kernels
 
 pytestmark = [
     pytest.mark.cuda,
@@ -83,7 +84,7 @@ def test_decode_attention_matches_sdpa_with_tree():
 
 def test_rope_attention_equals_rotate_scatter_attend():
     """Rotary + K/V write inside the kernel == rotate, write, then decode_attention."""
-    from mathagent.serving.engine.cuda_forward import rotate
+    from mathagent.serving.engine.cuda.forward import rotate
 
     b, t, h, hkv, d, max_seq = 2, 5, 8, 2, 64, 128
     qkv = torch.randn(b, t, (h + 2 * hkv) * d, device="cuda")

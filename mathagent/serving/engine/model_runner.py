@@ -2,21 +2,26 @@
 
 :meth:`ModelRunner.forward` is the seam for speculative decoding: it scores ``T >= 1`` tokens
 per row at arbitrary positions (a verify step, or a token tree with its own attention mask)
-and returns logits and the last hidden states (which ReDrafter drafts from).
+and returns logits and the last hidden states (which ReDrafter drafts from). The CUDA path
+(:mod:`mathagent.serving.engine.cuda`) is imported only by a runner that uses it.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from mathagent.serving.engine import cuda_kernels, packed_linear
+from mathagent.serving.engine import packed_linear
 from mathagent.serving.engine.config import EngineConfig
-from mathagent.serving.engine.cuda_graphs import CudaGraphRunner
 from mathagent.serving.engine.kv_cache import KVCache
-from mathagent.serving.engine.lookahead import GreedyLookahead
 from mathagent.serving.engine.model import ForwardContext, Transformer, rope_table
 from mathagent.serving.engine.sampler import Sampler, SamplingBatch
 from mathagent.serving.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
+    from mathagent.serving.engine.cuda.lookahead import GreedyLookahead
 
 
 class ModelRunner:
@@ -28,7 +33,7 @@ class ModelRunner:
         self.config = config
         self.device = config.device
         self.max_seq_len = config.max_seq_len
-        use_graphs = config.device.type == "cuda" and not config.eager and cuda_kernels.available()
+        use_graphs = config.device.type == "cuda" and not config.eager and _cuda_path_available()
         self.cache = KVCache(
             args.num_layers,
             config.max_batch_size + int(use_graphs),  # + the graphs' scratch slot for padded rows
@@ -45,14 +50,15 @@ class ModelRunner:
         self.sampler = Sampler()
         # Compilation lives here only, so eager and compiled runs can be compared. On CUDA,
         # decode and verify steps replay CUDA graphs; prefill (many tokens) stays eager.
-        self.graphs = (
-            CudaGraphRunner(
-                model, self.cache, self.cos, self.sin, config.max_batch_size, config.max_batch_size
-            )
-            if use_graphs
-            else None
-        )
-        self.lookahead = GreedyLookahead(self.graphs) if self.graphs is not None else None
+        self.graphs: CudaGraphRunner | None = None
+        self.lookahead: GreedyLookahead | None = None
+        if use_graphs:
+            from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
+            from mathagent.serving.engine.cuda.lookahead import GreedyLookahead
+
+            slots = config.max_batch_size  # the scratch slot is the one past the sequences'
+            self.graphs = CudaGraphRunner(model, self.cache, self.cos, self.sin, slots, slots)
+            self.lookahead = GreedyLookahead(self.graphs)
         if (
             config.pack_weights
             and config.device.type == "cpu"
@@ -194,3 +200,10 @@ class ModelRunner:
         )
         with torch.inference_mode():
             return self.sampler(logits, batch).tolist()
+
+
+def _cuda_path_available() -> bool:
+    """Triton and a CUDA device are there (asked only when a runner would use them)."""
+    from mathagent.serving.engine.cuda import kernels
+
+    return kernels.available()

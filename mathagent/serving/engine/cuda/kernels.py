@@ -5,7 +5,7 @@ at a handful of rows. :func:`gemv` is a streaming kernel for one row with the RM
 product and residual add fused in, a launch shape measured per weight shape (cold in L2, as a
 step reads it) and programmatic dependent launch, so each product starts reading its weights
 while the kernel before it finishes (benchmarks/GPU_NOTES.md). The attention kernels are in
-``cuda_attention.py``.
+``attention.py``.
 
 Each kernel is a ``torch.library`` custom op, so ``torch.compile`` treats it as one opaque call.
 """

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from mathagent.serving.engine.cuda_kernels import pdl_supported
+from mathagent.serving.engine.cuda.kernels import pdl_supported
 
 try:
     import triton

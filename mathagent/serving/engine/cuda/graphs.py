@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from mathagent.serving.engine.cuda_forward import CudaForward, StepInputs
+from mathagent.serving.engine.cuda.forward import CudaForward, StepInputs
 from mathagent.serving.engine.model import Transformer
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256)

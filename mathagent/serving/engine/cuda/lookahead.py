@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mathagent.serving.engine.cuda_graphs import CudaGraphRunner
+from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
 
 
 @dataclass

@@ -2,10 +2,10 @@
 
 Same function as :meth:`Transformer.forward` + :meth:`Transformer.logits` for a few new tokens
 per row, laid out for a bandwidth-bound step: skinny products go to the Triton
-:func:`~mathagent.serving.engine.cuda_kernels.gemv` (with the norms, SiLU product and residual
+:func:`~mathagent.serving.engine.cuda.kernels.gemv` (with the norms, SiLU product and residual
 adds inside it at one row), attention reads only each slot's cached positions and does the
 rotary and the K/V write itself
-(:func:`~mathagent.serving.engine.cuda_attention.rope_attention`), and each layer is one
+(:func:`~mathagent.serving.engine.cuda.attention.rope_attention`), and each layer is one
 ``torch.compile`` region whose remaining elementwise work Inductor fuses. The residual add of
 a layer's MLP output is deferred into the next region, so it fuses with that layer's first
 norm. Everything reads its inputs from tensors, so
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mathagent.serving.engine import cuda_attention, cuda_kernels
+from mathagent.serving.engine.cuda import attention, kernels
 from mathagent.serving.engine.model import Transformer
 
 
@@ -74,7 +74,7 @@ def linear(
 ) -> torch.Tensor:
     """``F.linear``, through the Triton GEMV for one row when ``fast`` holds the weight's shape."""
     if x.numel() == x.shape[-1] and tuple(weight.shape) in fast:
-        y = cuda_kernels.gemv(x, weight)
+        y = kernels.gemv(x, weight)
         return y if bias is None else y + bias
     return F.linear(x, weight, bias)
 
@@ -135,12 +135,12 @@ def layer_step(
     bsz, width, _ = h.shape
     fused = bsz * width == 1 and all(tuple(w.shape) in shape.fast for w in (wqkv, wo, w13, w2))
     if fused:
-        qkv = cuda_kernels.gemv(h, wqkv, norm=ln1, eps=eps)
+        qkv = kernels.gemv(h, wqkv, norm=ln1, eps=eps)
         qkv = qkv if bqkv is None else qkv + bqkv
     else:
         qkv = linear(rms_norm(h, ln1, eps), wqkv, shape.fast, bqkv)
     if q_norm is None or k_norm is None:  # rotary and the K/V write run in the attention
-        o = cuda_attention.rope_attention(qkv, k_cache, v_cache, inp.slots, inp.start, inp.tree,
+        o = attention.rope_attention(qkv, k_cache, v_cache, inp.slots, inp.start, inp.tree,
                                         inp.positions, cos, sin, nh)  # fmt: skip
     else:
         q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
@@ -150,12 +150,12 @@ def layer_step(
         q, k = rotate(q, rows_cos, rows_sin), rotate(k, rows_cos, rows_sin)
         k_cache[inp.write_slot, :, inp.write] = k
         v_cache[inp.write_slot, :, inp.write] = v.view(bsz, width, nkv, hd)
-        o = cuda_attention.decode_attention(q, k_cache, v_cache, inp.slots, inp.start, inp.tree)
+        o = attention.decode_attention(q, k_cache, v_cache, inp.slots, inp.start, inp.tree)
     o = o.reshape(bsz, width, nh * hd)
     if fused:
-        h = cuda_kernels.gemv(o, wo, residual=h)
-        gate_up = cuda_kernels.gemv(h, w13, norm=ln2, eps=eps)
-        return cuda_kernels.gemv(gate_up, w2, residual=h, silu_mul=True), None
+        h = kernels.gemv(o, wo, residual=h)
+        gate_up = kernels.gemv(h, w13, norm=ln2, eps=eps)
+        return kernels.gemv(gate_up, w2, residual=h, silu_mul=True), None
     h = h + linear(o, wo, shape.fast)
     gate, up = linear(rms_norm(h, ln2, eps), w13, shape.fast).split(shape.inter, dim=-1)
     return h, linear(F.silu(gate) * up, w2, shape.fast)
@@ -183,9 +183,7 @@ class CudaForward:
         weights = [w for w in self.weights[0] if w is not None and w.dim() == 2]
         weights.append(self.model.output.weight)
         return frozenset(
-            tuple(w.shape)
-            for w in weights
-            if cuda_kernels.gemv_fits(w) and cuda_kernels.gemv_preferred(w)
+            tuple(w.shape) for w in weights if kernels.gemv_fits(w) and kernels.gemv_preferred(w)
         )
 
     def _head(
