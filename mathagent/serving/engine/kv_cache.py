@@ -8,12 +8,19 @@ masked out and later overwritten.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
-if TYPE_CHECKING:
-    from mathagent.serving.engine.model import ForwardContext
+
+@dataclass(frozen=True)
+class CacheRows:
+    """Where one forward's rows live in the cache; built once per step, read by every layer."""
+
+    slots: torch.Tensor  # [B] int64 cache slot per row
+    write_index: torch.Tensor  # [B*T*Hkv] flat rows of a layer's [S*Hkv*max_seq, D] view
+    kv_len: int  # each row attends over cache positions [0, kv_len)
+    slot_start: int | None = None  # rows are the contiguous slots [start, start+B): use views
 
 
 class KVCache:
@@ -38,29 +45,31 @@ class KVCache:
         # this is unchanged (drafter training and distillation run the runner on slots directly)
         self.writes = [0] * num_slots
 
-    def write_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Flat row indices ``[B*T*Hkv]`` of a layer's ``[S*Hkv*max_seq, D]`` view where the
-        new tokens' K/V go; built once per step and shared by every layer."""
+    def rows(self, slots: list[int], positions: torch.Tensor, kv_len: int) -> CacheRows:
+        """The rows of a forward over ``slots`` whose new K/V go to ``positions [B, T]``."""
+        slot_ids = torch.tensor(slots, device=positions.device)
         heads = torch.arange(self.k.shape[2], device=positions.device)
-        base = (slots[:, None, None] * self.k.shape[2] + heads) * self.max_seq  # [B, 1, Hkv]
-        return (base + positions[:, :, None]).reshape(-1)
+        base = (slot_ids[:, None, None] * self.k.shape[2] + heads) * self.max_seq  # [B, 1, Hkv]
+        index = (base + positions[:, :, None]).reshape(-1)
+        contiguous = slots == list(range(slots[0], slots[0] + len(slots)))
+        return CacheRows(slot_ids, index, kv_len, slots[0] if contiguous else None)
 
     def update(
-        self, layer: int, ctx: ForwardContext, k: torch.Tensor, v: torch.Tensor
+        self, layer: int, rows: CacheRows, k: torch.Tensor, v: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write ``k, v [B, T, Hkv, D]`` at ``ctx.write_index``; return each row's cache.
+        """Write ``k, v [B, T, Hkv, D]`` at ``rows.write_index``; return each row's cache.
 
         The returned keys/values are ``[B, Hkv, kv_len, D]``: views when the rows are
         contiguous slots, else gathered.
         """
         k_layer, v_layer = self.k[layer], self.v[layer]  # [S, Hkv, max_seq, D]
         dim = k_layer.shape[-1]
-        k_layer.view(-1, dim).index_copy_(0, ctx.write_index, k.reshape(-1, dim))
-        v_layer.view(-1, dim).index_copy_(0, ctx.write_index, v.reshape(-1, dim))
-        if ctx.slot_start is not None:
-            sl = slice(ctx.slot_start, ctx.slot_start + k.shape[0])
-            return k_layer[sl, :, : ctx.kv_len], v_layer[sl, :, : ctx.kv_len]
-        return k_layer[ctx.slots, :, : ctx.kv_len], v_layer[ctx.slots, :, : ctx.kv_len]
+        k_layer.view(-1, dim).index_copy_(0, rows.write_index, k.reshape(-1, dim))
+        v_layer.view(-1, dim).index_copy_(0, rows.write_index, v.reshape(-1, dim))
+        if rows.slot_start is not None:
+            sl = slice(rows.slot_start, rows.slot_start + k.shape[0])
+            return k_layer[sl, :, : rows.kv_len], v_layer[sl, :, : rows.kv_len]
+        return k_layer[rows.slots, :, : rows.kv_len], v_layer[rows.slots, :, : rows.kv_len]
 
     def copy_prefix(self, src: int, dst: int, length: int) -> None:
         """Copy slot ``src``'s first ``length`` positions into slot ``dst`` (every layer)."""

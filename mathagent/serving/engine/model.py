@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mathagent.serving.engine.kv_cache import KVCache
+from mathagent.serving.engine.kv_cache import CacheRows, KVCache
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
 
@@ -158,7 +158,7 @@ class Attention(nn.Module):
         qk = apply_rope(qk, ctx.cos, ctx.sin)  # q and k heads rotated together: [B, T, H+Hkv, D]
         q, k = qk.split([self.n_heads, self.n_kv], dim=2)
         v = qkv[..., q_size + kv_size :].view(bsz, seqlen, self.n_kv, self.head_dim)
-        keys, values = ctx.cache.update(self.layer, ctx, k, v)  # [B, Hkv, S, D]
+        keys, values = ctx.cache.update(self.layer, ctx.rows, k, v)  # [B, Hkv, S, D]
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             keys,
@@ -204,15 +204,11 @@ class ForwardContext:
     """Per-forward inputs shared by every layer (built once per step by the runner)."""
 
     cache: KVCache
-    slots: torch.Tensor  # [B] int64 cache slot per row
-    write_positions: torch.Tensor  # [B, T] int64 where each new token's K/V goes
-    write_index: torch.Tensor  # [B*T*Hkv] the same places as flat cache rows (KVCache)
-    kv_len: int  # attend over cache positions [0, kv_len)
+    rows: CacheRows  # the rows' slots and where their new K/V go
     attn_mask: torch.Tensor | None  # [B, 1, T, kv_len] additive (0 or -inf); None = all
     is_causal: bool  # no mask tensor: plain causal attention from position 0
     cos: torch.Tensor  # [B, T, 1, D]
     sin: torch.Tensor  # [B, T, 1, D]
-    slot_start: int | None = None  # rows are the contiguous slots [start, start+B): use views
 
 
 class Transformer(nn.Module):

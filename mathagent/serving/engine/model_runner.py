@@ -106,20 +106,14 @@ class ModelRunner:
                 logits, hidden = logits[:, -1:], hidden[:, -1:]
             return logits, hidden
         kv_len = int(write.max()) + 1 if attn_mask is None else attn_mask.shape[-1]
-        bsz = tokens.shape[0]
         mask, causal = self._mask(positions, kv_len, attn_mask)
-        slot_ids = torch.tensor(slots, device=self.device)
         ctx = ForwardContext(
             cache=self.cache,
-            slots=slot_ids,
-            write_positions=write,
-            write_index=self.cache.write_index(slot_ids, write),
-            kv_len=kv_len,
+            rows=self.cache.rows(slots, write, kv_len),
             attn_mask=mask,
             is_causal=causal,
             cos=self.cos[positions][:, :, None],  # [B, T, 1, D]
             sin=self.sin[positions][:, :, None],
-            slot_start=slots[0] if slots == list(range(slots[0], slots[0] + bsz)) else None,
         )
         hidden = self._model(tokens, ctx)  # [B, T, H]
         if hidden_only:  # drafter training needs every hidden state and no logits
