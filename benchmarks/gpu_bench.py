@@ -171,7 +171,7 @@ def speculation(engine: LLMEngine, vocab: int) -> dict:
 
 def redrafter_cost(model: Transformer, decode_step_s: float) -> dict:
     """Milliseconds of one ReDrafter beam search (4 beams x 4 tokens) on the target's shape."""
-    from mathagent.serving.engine.redrafter import Drafter, DrafterConfig
+    from mathagent.serving.engine.spec_decode.redrafter import Drafter, DrafterConfig
 
     args = model.args
     cfg = DrafterConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size,

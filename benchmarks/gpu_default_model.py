@@ -26,7 +26,7 @@ from mathagent.agent.prompts import ChatTemplate, select_template
 from mathagent.config import EngineSettings, Settings
 from mathagent.serving.engine.config import EngineConfig, SamplingParams
 from mathagent.serving.engine.llm_engine import LLMEngine
-from mathagent.serving.engine.speculative import SpecStats
+from mathagent.serving.engine.spec_decode.stats import SpecStats
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

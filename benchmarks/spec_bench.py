@@ -30,7 +30,7 @@ from mathagent.config import EngineSettings, Settings
 from mathagent.model_store import resolve_model
 from mathagent.serving.engine.config import EngineConfig, SamplingParams
 from mathagent.serving.engine.llm_engine import LLMEngine
-from mathagent.serving.engine.spec_stats import SpecStats
+from mathagent.serving.engine.spec_decode.stats import SpecStats
 
 REPO = Path(__file__).resolve().parents[1]
 DATASET = REPO.parent / "shared" / "datasets" / "gsm8k_test.jsonl"

@@ -33,7 +33,7 @@ from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.distill import open_text
 from mathagent.serving.engine.drafter_data import build_positions, concat_positions
 from mathagent.serving.engine.llm_engine import LLMEngine
-from mathagent.serving.engine.redrafter import Drafter
+from mathagent.serving.engine.spec_decode.redrafter import Drafter
 
 VARIANTS = [  # name, residual layers, soft-label weight
     ("l2_ce", 2, 0.0),

@@ -23,7 +23,7 @@ from mathagent.serving.engine import train_drafter as td
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.drafter_data import build_positions
 from mathagent.serving.engine.llm_engine import LLMEngine
-from mathagent.serving.engine.redrafter import Drafter
+from mathagent.serving.engine.spec_decode.redrafter import Drafter
 
 
 def main() -> None:

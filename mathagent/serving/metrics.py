@@ -6,7 +6,7 @@ import threading
 from bisect import bisect_left
 
 from mathagent.serving.engine.sequence import RequestOutput
-from mathagent.serving.engine.spec_stats import SpecStats
+from mathagent.serving.engine.spec_decode.stats import SpecStats
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 

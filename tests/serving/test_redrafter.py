@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from mathagent.serving.engine.ngram import NgramProposer
-from mathagent.serving.engine.redrafter import Drafter, DrafterConfig
+from mathagent.serving.engine.spec_decode.ngram import NgramProposer
+from mathagent.serving.engine.spec_decode.redrafter import Drafter, DrafterConfig
 
 # What TensorRT-LLM's examples/redrafter/convert_checkpoint.py reads from a drafter folder.
 TRTLLM_CONFIG_KEYS = {"hidden_size", "exit_dim", "num_draft_layers", "rnn", "vocab_size"}

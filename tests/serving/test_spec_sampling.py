@@ -16,12 +16,12 @@ import torch
 
 from mathagent.config import EngineSettings
 from mathagent.serving.engine.config import EngineConfig, SamplingParams
-from mathagent.serving.engine.drafters import DraftModelProposer, ReDrafterProposer, draft_runner
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import load_model
-from mathagent.serving.engine.redrafter import Drafter, DrafterConfig
 from mathagent.serving.engine.sampler import Sampler, SamplingBatch
 from mathagent.serving.engine.spec_config import SpecMethod
+from mathagent.serving.engine.spec_decode.draft_model import DraftModelProposer, draft_runner
+from mathagent.serving.engine.spec_decode.redrafter import Drafter, DrafterConfig, ReDrafterProposer
 from tests.serving.stats import chi_square_p
 
 PROMPT = [5, 17, 99, 3]
@@ -43,7 +43,7 @@ def tiny_engine() -> LLMEngine:
         for p in draft.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * 0.02)
         draft.output.weight.mul_(12.0)
-    engine.speculator.register(
+    engine.speculator.proposers.register(
         SpecMethod("draft", "tiny"), DraftModelProposer(draft_runner(draft, engine.runner))
     )
     torch.manual_seed(3)
@@ -53,12 +53,14 @@ def tiny_engine() -> LLMEngine:
     with torch.no_grad():
         drafter.lm_head[-1].weight.mul_(4.0)
     emb = engine.runner.model.tok_embeddings.weight
-    engine.speculator.register(SpecMethod("redrafter", "tiny"), ReDrafterProposer(drafter, emb, 2))
+    engine.speculator.proposers.register(
+        SpecMethod("redrafter", "tiny"), ReDrafterProposer(drafter, emb, 2)
+    )
     # the same head drafting from half the vocabulary: q is zero elsewhere, the residual covers it
     narrow = Drafter(replace(drafter.config))
     narrow.load_state_dict(drafter.state_dict())
     narrow.set_draft_vocab(torch.randperm(1024, generator=torch.Generator().manual_seed(5))[:512])
-    engine.speculator.register(
+    engine.speculator.proposers.register(
         SpecMethod("redrafter", "tiny-vocab"), ReDrafterProposer(narrow, emb, 2)
     )
     return engine

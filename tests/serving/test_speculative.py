@@ -77,18 +77,18 @@ def test_greedy_speculation_is_token_identical(engine, plain, layer_skip_draft, 
 
 def test_redrafter_chain_through_the_target_head_is_token_identical(engine, plain) -> None:
     """One beam, an argmax chain (the CPU int4 default; elsewhere four beams, a prefix tree)."""
-    from mathagent.serving.engine.drafters import load_proposer
     from mathagent.serving.engine.spec_config import SpecMethod
+    from mathagent.serving.engine.spec_decode.registry import load_proposer
 
     assert engine.config.draft_beams == 4  # the parametrized test above covers the tree
     method = SpecMethod("redrafter", f"{SHIPPED_DRAFTER}/")  # a key of its own: one beam
-    proposer = load_proposer(method, engine.runner, 1, engine.speculator.model_dir)
+    proposer = load_proposer(method, engine.runner, 1, engine.speculator.proposers.model_dir)
     # it drafts through the target's own head, restricted to the drafter's draft vocabulary
     drafter, x = proposer.drafter, torch.randn(2, 576)
     assert drafter.draft_vocab is not None and drafter._head is not None
     full = engine.runner.model.logits(x)[:, drafter.draft_vocab]
     torch.testing.assert_close(drafter._head(x).float(), full, rtol=1e-4, atol=1e-4)
-    engine.speculator.register(method, proposer)
+    engine.speculator.proposers.register(method, proposer)
     params = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, speculative=str(method))
     batched = engine.generate(PROMPTS, params)
     assert [r.token_ids for r in batched] == plain

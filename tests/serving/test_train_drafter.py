@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from mathagent.serving.engine.drafter_data import example_rows
-from mathagent.serving.engine.redrafter import Drafter, DrafterConfig
+from mathagent.serving.engine.spec_decode.redrafter import Drafter, DrafterConfig
 from mathagent.serving.engine.train_drafter import step_logits
 from tests.serving.test_redrafter import assert_trtllm_checkpoint
 

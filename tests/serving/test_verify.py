@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mathagent.serving.engine.verify import (
+from mathagent.serving.engine.spec_decode.verify import (
     build_tree,
     greedy_verify,
     sample_verify,

@@ -19,7 +19,8 @@ from mathagent.serving.engine.model_runner import ModelRunner
 from mathagent.serving.engine.scheduler import ScheduledBatch, Scheduler
 from mathagent.serving.engine.sequence import RequestMetrics, RequestOutput, Sequence
 from mathagent.serving.engine.spec_config import SpecMethodError, embedded_method
-from mathagent.serving.engine.speculative import Speculator
+from mathagent.serving.engine.spec_decode.registry import Proposers
+from mathagent.serving.engine.spec_decode.speculator import Speculator
 
 
 class PromptError(ValueError):
@@ -62,10 +63,10 @@ class LLMEngine:
         )
         self.speculator = Speculator(
             self.runner,
+            Proposers(self.runner, config.draft_beams, model_dir),
             embedded_method(config.speculative),
             config.draft_len,
             config.draft_beams,
-            model_dir,
         )
         try:  # a drafter that cannot load is a startup error, not a failed step later
             self.speculator.proposer(self.speculator.default)

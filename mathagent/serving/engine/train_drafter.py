@@ -27,7 +27,7 @@ from torch import Tensor
 from mathagent.serving.engine.distill import open_text
 from mathagent.serving.engine.drafter_data import Positions, build_positions
 from mathagent.serving.engine.drafter_loss import draft_loss
-from mathagent.serving.engine.redrafter import Drafter, DrafterConfig
+from mathagent.serving.engine.spec_decode.redrafter import Drafter, DrafterConfig
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.model_runner import ModelRunner

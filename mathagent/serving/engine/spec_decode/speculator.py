@@ -11,21 +11,26 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from mathagent.serving.engine.proposal import Draft, Proposer, SpecRow
 from mathagent.serving.engine.sampler import Sampler, SamplingBatch
 from mathagent.serving.engine.spec_config import SpecMethod, embedded_method
-from mathagent.serving.engine.spec_stats import SpecStats
-from mathagent.serving.engine.verify import Tree, build_tree, sample_verify, tree_greedy_verify
+from mathagent.serving.engine.spec_decode.proposal import Draft, Proposer, SpecRow
+from mathagent.serving.engine.spec_decode.stats import SpecStats
+from mathagent.serving.engine.spec_decode.verify import (
+    Tree,
+    build_tree,
+    sample_verify,
+    tree_greedy_verify,
+)
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.model_runner import ModelRunner
     from mathagent.serving.engine.sequence import Sequence
+    from mathagent.serving.engine.spec_decode.registry import Proposers
 
 
 @dataclass
@@ -43,33 +48,22 @@ class Speculator:
     def __init__(
         self,
         runner: ModelRunner,
+        proposers: Proposers,
         default: SpecMethod,
         draft_len: int,
         beams: int,
-        model_dir: Path,
     ) -> None:
         self.runner = runner
+        self.proposers = proposers
         self.default = default
         self.draft_len = draft_len
         self.beams = beams
-        self.model_dir = model_dir
         self.stats = SpecStats()
-        self._proposers: dict[SpecMethod, Proposer] = {}
         self._tracks: dict[str, _Track] = {}
 
-    def register(self, method: SpecMethod, proposer: Proposer) -> None:
-        """Use ``proposer`` for ``method`` (already-built drafters, e.g. in tests)."""
-        self._proposers[method] = proposer
-
     def proposer(self, method: SpecMethod) -> Proposer | None:
-        """The proposer for ``method``, loaded on first use; None for ``none``."""
-        if method.kind == "none":
-            return None
-        if method not in self._proposers:
-            from mathagent.serving.engine.drafters import load_proposer
-
-            self._proposers[method] = load_proposer(method, self.runner, self.beams, self.model_dir)
-        return self._proposers[method]
+        """The proposer for ``method`` (loaded on first use); None for ``none``."""
+        return self.proposers.get(method)
 
     def method_of(self, seq: Sequence) -> SpecMethod:
         """The sequence's own method if its request named one, else the engine's."""

@@ -3,6 +3,7 @@
 No model: the last ``n`` tokens of a sequence are searched for in its own history (prompt and
 generated text), longest ``n`` first, and the tokens that followed the most recent match are the
 draft. Math transcripts repeat numbers, variable names and code, so this is often right.
+:class:`NgramDrafts` is the proposer behind ``--speculative ngram``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
 
 
 @dataclass(frozen=True)
@@ -43,3 +46,20 @@ class NgramProposer:
             if draft:
                 out[row, : len(draft)] = torch.tensor(draft)
         return out
+
+
+class NgramDrafts:
+    """Prompt lookup over each sequence's own tokens (drafts are copied, so q is one-hot)."""
+
+    def __init__(self, lookup: NgramProposer | None = None) -> None:
+        self.lookup = lookup or NgramProposer()
+
+    def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
+        out = []
+        for row in rows:
+            ids = row.seq.all_ids
+            out.append(Draft.chain(ids[-1], self.lookup.propose(torch.tensor(ids), k)))
+        return out
+
+    def accepted(self, row: SpecRow, old_cached: int, num_accepted: int) -> None:
+        pass

@@ -13,6 +13,7 @@ Checkpoint: ``config.json`` (``vocab_size``, ``hidden_size``, ``exit_dim``, ``nu
 ``lm_head.{num_draft_layers}.weight``, ``rnn_u.{weight,bias}`` and ``rnn_w.weight``.
 A compact checkpoint may leave out the vocabulary projection when ``config["lm_head_from_base"]``
 says it equals the base model's token embedding (it is then filled in from the base at load).
+:class:`ReDrafterProposer` drafts with it inside the engine's speculative steps.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+
+from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
 
 
 @dataclass
@@ -246,3 +249,42 @@ class Drafter(nn.Module):
             {k: v if k == "draft_vocab" else v.float() for k, v in state.items()}
         )
         return drafter
+
+
+class ReDrafterProposer:
+    """ReDrafter over the target's hidden state and token embeddings."""
+
+    def __init__(self, drafter: Drafter, embedding: Tensor, beams: int) -> None:
+        # On a CPU the drafter's small one-row products are fastest in float32 (a bf16 product
+        # of one row has a high fixed cost); on CUDA it follows the target's dtype.
+        self.dtype = torch.float32 if embedding.device.type == "cpu" else embedding.dtype
+        self.drafter = drafter.to(embedding.device, self.dtype).eval()
+        self.embedding = embedding.to(self.dtype)  # [V, H] the target's own token embedding
+        self.beams = beams
+
+    def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
+        out = [Draft.chain(r.seq.last_token, []) for r in rows]
+        greedy = [i for i, r in enumerate(rows) if r.hidden is not None and r.greedy]
+        if greedy:
+            ctx = torch.stack([rows[i].hidden for i in greedy]).to(self.dtype)  # [B, H]
+            root = torch.tensor([rows[i].seq.last_token for i in greedy], device=ctx.device)
+            beams = self.drafter.beam_search(ctx, root, self.embedding, self.beams, k)
+            for j, i in enumerate(greedy):
+                out[i] = Draft(beams[j].cpu())
+        for i, row in enumerate(rows):
+            if row.hidden is None or row.greedy:
+                continue
+            root = torch.tensor([row.seq.last_token], device=row.hidden.device)
+            drafts, q = self.drafter.sample_chain(
+                row.hidden[None].to(self.dtype),
+                root,
+                self.embedding,
+                k,
+                row.warp,
+                row.seq.generator,
+            )
+            out[i] = Draft.chain(row.seq.last_token, drafts[0].tolist(), q[0])
+        return out
+
+    def accepted(self, row: SpecRow, old_cached: int, num_accepted: int) -> None:
+        pass

@@ -1,0 +1,88 @@
+"""The proposer factory: the proposer a ``--speculative`` method names, built on first use.
+
+Loading is where a method meets the target: a ReDrafter checkpoint must be shaped for its
+vocabulary and hidden size (and drafts through the target's own head when tied to it), a draft
+model must share its vocabulary. Whatever cannot load is a :class:`SpecMethodError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mathagent.serving.engine.loader import ModelLoadError, load_model
+from mathagent.serving.engine.quant import Int8Linear
+from mathagent.serving.engine.spec_config import SpecMethod, SpecMethodError
+from mathagent.serving.engine.spec_decode.draft_model import DraftModelProposer, draft_runner
+from mathagent.serving.engine.spec_decode.ngram import NgramDrafts
+from mathagent.serving.engine.spec_decode.proposal import Proposer
+from mathagent.serving.engine.spec_decode.redrafter import Drafter, ReDrafterProposer
+
+if TYPE_CHECKING:
+    from mathagent.serving.engine.model_runner import ModelRunner
+
+
+class Proposers:
+    """The target's proposer for each method, each loaded (weights and all) once."""
+
+    def __init__(self, target: ModelRunner, beams: int, model_dir: Path) -> None:
+        self.target = target
+        self.beams = beams
+        self.model_dir = model_dir  # where a draft model's GGUF is converted
+        self._built: dict[SpecMethod, Proposer] = {}
+
+    def get(self, method: SpecMethod) -> Proposer | None:
+        """The proposer for ``method``, loaded on first use; None for ``none``."""
+        if method.kind == "none":
+            return None
+        if method not in self._built:
+            self._built[method] = load_proposer(method, self.target, self.beams, self.model_dir)
+        return self._built[method]
+
+    def register(self, method: SpecMethod, proposer: Proposer) -> None:
+        """Use ``proposer`` for ``method`` (already-built drafters, e.g. in tests)."""
+        self._built[method] = proposer
+
+
+def head_rows(head: nn.Module, rows: Tensor | None) -> Callable[[Tensor], Tensor]:
+    """The target's vocabulary head restricted to ``rows`` (a draft vocabulary), same numerics."""
+    if rows is None:
+        return head
+    if isinstance(head, Int8Linear):
+        return head.rows(rows)
+    weight = head.weight.detach()[rows.to(head.weight.device)]
+    return lambda x: F.linear(x.to(weight.dtype), weight)
+
+
+def load_proposer(method: SpecMethod, target: ModelRunner, beams: int, model_dir: Path) -> Proposer:
+    """Build the proposer a method names (loading its weights)."""
+    if method.kind == "ngram":
+        return NgramDrafts()
+    assert method.path is not None
+    if method.kind == "redrafter":
+        emb = target.model.tok_embeddings.weight
+        try:
+            drafter = Drafter.from_pretrained(
+                Path(method.path).expanduser(), emb.detach().float().cpu()
+            )
+        except (OSError, ValueError) as exc:
+            raise SpecMethodError(f"cannot load ReDrafter {method.path!r}: {exc}") from exc
+        if drafter.config.vocab_size != emb.shape[0] or drafter.config.hidden_size != emb.shape[1]:
+            raise SpecMethodError(
+                f"ReDrafter {method.path!r} is shaped for vocab {drafter.config.vocab_size} x "
+                f"hidden {drafter.config.hidden_size}, the target is {emb.shape[0]} x {emb.shape[1]}"
+            )
+        proposer = ReDrafterProposer(drafter, emb.detach(), beams)
+        if drafter.config.lm_head_from_base and target.model.args.tie_word_embeddings:
+            # the drafter's head is the target's own: share its (possibly quantized) projection
+            drafter.use_head(head_rows(target.model.output, drafter.draft_vocab))
+        return proposer
+    try:
+        loaded = load_model(method.path, model_dir, target.device, target.config.dtype)
+        return DraftModelProposer(draft_runner(loaded.model, target))
+    except (ModelLoadError, ValueError, OSError) as exc:
+        raise SpecMethodError(f"cannot load draft model {method.path!r}: {exc}") from exc
