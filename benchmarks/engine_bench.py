@@ -25,8 +25,9 @@ import torch
 
 from mathagent.config import EngineSettings, Settings
 from mathagent.model_store import resolve_model
-from mathagent.serving.engine.config import EngineConfig, SamplingParams
+from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.llm_engine import LLMEngine
+from mathagent.serving.engine.sampling_params import SamplingParams
 
 PROMPT = (
     "<|im_start|>user\nNatalia sold clips to 48 of her friends in April, and then she sold half "

@@ -26,11 +26,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 import gpu_default_model
 from gpu_common import build_hf_model, copy_bandwidth, hf_generate_tok_s, roofline
 
-from mathagent.serving.engine.config import EngineConfig, SamplingParams
+from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.cuda.kernels import GEMV_CONFIGS
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import LoadedModel, _hf_to_engine
 from mathagent.serving.engine.model import ModelArgs, Transformer
+from mathagent.serving.engine.sampling_params import SamplingParams
 
 PROMPT_LEN, DECODE_TOKENS, DRAFT_LEN = 32, 256, 4
 

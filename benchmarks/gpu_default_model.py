@@ -24,8 +24,9 @@ import torch
 
 from mathagent.agent.prompts import ChatTemplate, select_template
 from mathagent.config import EngineSettings, Settings
-from mathagent.serving.engine.config import EngineConfig, SamplingParams
+from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.llm_engine import LLMEngine
+from mathagent.serving.engine.sampling_params import SamplingParams
 from mathagent.serving.engine.spec_decode.stats import SpecStats
 
 

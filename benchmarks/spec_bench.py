@@ -28,8 +28,9 @@ from engine_bench import CONFIGS  # same engine configurations as the engine ben
 from mathagent.agent.prompts import ChatTemplate, select_template
 from mathagent.config import EngineSettings, Settings
 from mathagent.model_store import resolve_model
-from mathagent.serving.engine.config import EngineConfig, SamplingParams
+from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.llm_engine import LLMEngine
+from mathagent.serving.engine.sampling_params import SamplingParams
 from mathagent.serving.engine.spec_decode.stats import SpecStats
 
 REPO = Path(__file__).resolve().parents[1]

@@ -250,10 +250,11 @@ def generate(
 ) -> None:
     """Generate text with the embedded engine."""
     from mathagent.model_store import ModelFetchError, resolve_model
-    from mathagent.serving.engine.config import EngineConfig, EngineConfigError, SamplingParams
+    from mathagent.serving.engine.config import EngineConfig, EngineConfigError
     from mathagent.serving.engine.llm_engine import LLMEngine, PromptError
     from mathagent.serving.engine.loader import ModelLoadError
     from mathagent.serving.engine.model import UnsupportedModelError
+    from mathagent.serving.engine.sampling_params import SamplingParams
 
     settings = Settings()
     settings.engine.speculative = speculative

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from mathagent.serving.engine.config import SamplingParams
+from mathagent.serving.engine.sampling_params import SamplingParams
 
 
 class StreamOptions(BaseModel):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from mathagent.serving.engine.batch_distill import BatchDistiller, BatchJob
-from mathagent.serving.engine.config import SamplingParams
 from mathagent.serving.engine.drafter_data import build_positions
+from mathagent.serving.engine.sampling_params import SamplingParams
 from mathagent.serving.engine.train_drafter import Example, engine_base_fn
 from tests.serving.conftest import PROMPTS
 

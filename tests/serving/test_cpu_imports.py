@@ -9,7 +9,8 @@ CODE = """
 import sys
 from pathlib import Path
 from mathagent.config import EngineSettings
-from mathagent.serving.engine.config import EngineConfig, SamplingParams
+from mathagent.serving.engine.config import EngineConfig
+from mathagent.serving.engine.sampling_params import SamplingParams
 from mathagent.serving.engine.llm_engine import LLMEngine
 
 for eager in (False, True):  # compiled (lazily, never run here), then eager

@@ -121,9 +121,9 @@ def test_greedy_equals_eager(runners):
 
 def test_engine_generate_equals_eager(runners):
     """Whole engine, continuous batching of three requests, decode steps from host values."""
-    from mathagent.serving.engine.config import SamplingParams
     from mathagent.serving.engine.llm_engine import LLMEngine
     from mathagent.serving.engine.loader import LoadedModel
+    from mathagent.serving.engine.sampling_params import SamplingParams
 
     eager, fast = runners
     gen = torch.Generator().manual_seed(5)

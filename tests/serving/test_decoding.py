@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mathagent.serving.engine.config import SamplingParams
 from mathagent.serving.engine.detokenizer import Detokenizer
+from mathagent.serving.engine.sampling_params import SamplingParams
 
 
 class CharTokenizer:

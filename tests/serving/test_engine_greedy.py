@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mathagent.serving.engine.config import SamplingParams
+from mathagent.serving.engine.sampling_params import SamplingParams
 
 from .conftest import PROMPTS
 

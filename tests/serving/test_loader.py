@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from mathagent.config import EngineSettings, Settings
-from mathagent.serving.engine.config import EngineConfig, EngineConfigError, SamplingParams
+from mathagent.serving.engine.config import EngineConfig, EngineConfigError
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import ModelLoadError, load_model, resolve_folder
 from mathagent.serving.engine.model import UnsupportedModelError
+from mathagent.serving.engine.sampling_params import SamplingParams
 
 CPU, F32 = torch.device("cpu"), torch.float32
 

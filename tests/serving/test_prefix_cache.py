@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mathagent.serving.engine.config import SamplingParams
+from mathagent.serving.engine.sampling_params import SamplingParams
 from mathagent.serving.engine.scheduler import Scheduler, common_prefix
 from mathagent.serving.engine.sequence import Sequence
 

@@ -8,7 +8,7 @@ from safetensors import safe_open
 
 from mathagent.config import EngineSettings, Settings
 from mathagent.model_store import resolve_model
-from mathagent.serving.engine.config import EngineConfig, EngineConfigError, SamplingParams
+from mathagent.serving.engine.config import EngineConfig, EngineConfigError
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import load_model, resolve_folder
 from mathagent.serving.engine.quant import (
@@ -18,6 +18,7 @@ from mathagent.serving.engine.quant import (
     quantize_int4,
     quantize_model,
 )
+from mathagent.serving.engine.sampling_params import SamplingParams
 
 
 def _default_weight(name: str) -> torch.Tensor:

@@ -15,7 +15,7 @@ from mathagent.serving.server import EmbeddedServer
 @pytest.fixture(scope="module")
 def reference(engine):
     """Direct engine output, computed before the server thread owns the engine."""
-    from mathagent.serving.engine.config import SamplingParams
+    from mathagent.serving.engine.sampling_params import SamplingParams
 
     (res,) = engine.generate(
         ["The capital of France is"], SamplingParams(max_tokens=12, temperature=0)
@@ -167,8 +167,9 @@ async def test_async_engine_coalesces_a_non_streaming_request():
     # its own small engine: the module's engine is stepped by the server's engine thread
     from mathagent.config import EngineSettings
     from mathagent.serving.engine.async_engine import AsyncEngine
-    from mathagent.serving.engine.config import EngineConfig, SamplingParams
+    from mathagent.serving.engine.config import EngineConfig
     from mathagent.serving.engine.llm_engine import LLMEngine
+    from mathagent.serving.engine.sampling_params import SamplingParams
 
     settings = EngineSettings(device="cpu", dtype="float32", max_batch_size=2, max_seq_len=128)
     config = EngineConfig.from_settings(settings, model="random:tiny")

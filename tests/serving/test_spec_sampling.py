@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from mathagent.config import EngineSettings
-from mathagent.serving.engine.config import EngineConfig, SamplingParams
+from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import load_model
 from mathagent.serving.engine.sampler import Sampler, SamplingBatch
+from mathagent.serving.engine.sampling_params import SamplingParams
 from mathagent.serving.engine.spec_config import SpecMethod
 from mathagent.serving.engine.spec_decode.draft_model import DraftModelProposer, draft_runner
 from mathagent.serving.engine.spec_decode.redrafter import Drafter, DrafterConfig, ReDrafterProposer

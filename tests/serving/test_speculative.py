@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mathagent.serving.engine.config import SamplingParams
+from mathagent.serving.engine.sampling_params import SamplingParams
 
 from .conftest import PROMPTS
 

@@ -15,8 +15,8 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
-from mathagent.serving.engine.config import SamplingParams
 from mathagent.serving.engine.llm_engine import LLMEngine
+from mathagent.serving.engine.sampling_params import SamplingParams
 from mathagent.serving.engine.sequence import RequestOutput, Sequence
 
 

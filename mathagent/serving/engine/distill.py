@@ -67,8 +67,8 @@ def self_distill(
     running ones are written as they stand (a prefix of the base's own text is still its own
     text) and the waiting ones are dropped. Returns the number of records written.
     """
-    from mathagent.serving.engine.config import SamplingParams
     from mathagent.serving.engine.llm_engine import PromptError
+    from mathagent.serving.engine.sampling_params import SamplingParams
 
     jobs = [(p, 0.0, None) for p in prompts if p.heldout and cfg.greedy]
     jobs += [(p, 0.0, None) for p in prompts if not p.heldout and cfg.greedy]

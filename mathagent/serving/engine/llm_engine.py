@@ -12,10 +12,11 @@ from pathlib import Path
 
 import torch
 
-from mathagent.serving.engine.config import EngineConfig, EngineConfigError, SamplingParams
+from mathagent.serving.engine.config import EngineConfig, EngineConfigError
 from mathagent.serving.engine.detokenizer import Detokenizer
 from mathagent.serving.engine.loader import LoadedModel, load_model
 from mathagent.serving.engine.model_runner import ModelRunner
+from mathagent.serving.engine.sampling_params import SamplingParams
 from mathagent.serving.engine.scheduler import ScheduledBatch, Scheduler
 from mathagent.serving.engine.sequence import RequestMetrics, RequestOutput, Sequence
 from mathagent.serving.engine.spec_config import SpecMethodError, embedded_method

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mathagent.serving.engine.config import SamplingParams
+from mathagent.serving.engine.sampling_params import SamplingParams
 
 
 @dataclass

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mathagent.serving.engine.config import SamplingParams
 from mathagent.serving.engine.detokenizer import Detokenizer
+from mathagent.serving.engine.sampling_params import SamplingParams
 
 
 class Status(enum.Enum):
