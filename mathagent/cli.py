@@ -550,50 +550,34 @@ def train_drafter(
     """Train a ReDrafter head on a frozen base model."""
     import logging
 
-    from mathagent.model_store import resolve_model
-    from mathagent.serving.engine import train_drafter as td
+    from mathagent.drafter.pipeline import DistillConfig, DistillOptions, TrainDrafterOptions
+    from mathagent.drafter.pipeline import train_drafter as run_pipeline
+    from mathagent.drafter.train import TrainConfig
+    from mathagent.model_store import ModelFetchError, resolve_model
     from mathagent.serving.engine.config import EngineConfig
-    from mathagent.serving.engine.distill import DistillConfig
-    from mathagent.serving.engine.distill import self_distill as self_distill_run
-    from mathagent.serving.engine.llm_engine import LLMEngine
-    from mathagent.serving.engine.loader import ModelLoadError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     settings = Settings()
     engine_settings = settings.engine
     if device is not None:
         engine_settings = engine_settings.model_copy(update={"device": device})
-    try:
-        model = resolve_model(None if base == "default" else base, settings.model_dir)
-        engine = LLMEngine(EngineConfig.from_settings(engine_settings, model), settings.model_dir)
-    except (ModelLoadError, OSError, ValueError, RuntimeError) as exc:
-        raise _fail(str(exc)) from exc
-    if engine.tokenizer is None:
-        raise _fail(f"{base} has no tokenizer; train-drafter reads text")
+    distill = None
     if self_distill is not None:
-        records = [json.loads(x) for x in self_distill.read_text().splitlines() if x.strip()]
-        prompts = [_drafter_prompt(r, engine) for r in records[distill_skip:][:distill_limit]]
         plan = DistillConfig(distill_tokens, distill_samples, distill_temperature, distill_seed,
                              distill_greedy, time_budget_s=distill_budget_s)  # fmt: skip
-        self_distill_run(engine, prompts, data, plan)
-    for path in [data, *(extra_data or [])]:
-        if not path.is_file():
-            raise _fail(f"no training data at {path}")
-    cfg = td.TrainConfig(
+        distill = DistillOptions(self_distill, distill_skip, distill_limit, plan)
+    train = TrainConfig(
         draft_len=draft_len, layers=layers, exit_dim=exit_dim, epochs=epochs, lr=lr,
-        batch_positions=batch_positions, max_seq_len=engine.max_seq_len,
-        time_budget_s=train_budget_s, base_batch=engine.config.max_batch_size,
-        draft_vocab=draft_vocab, kd_weight=kd_weight,
+        batch_positions=batch_positions, time_budget_s=train_budget_s, draft_vocab=draft_vocab,
+        kd_weight=kd_weight,
     )  # fmt: skip
-    encode = lambda text: engine.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    examples = [
-        ex for path in [data, *(extra_data or [])]
-        for ex in td.load_examples(path, encode, cfg.max_seq_len)
-    ]  # fmt: skip
-    base_fn = td.engine_base_fn(engine.runner)
-    emb = engine.runner.model.tok_embeddings.weight.detach()
-    head = engine.runner.model.output.weight.detach()
-    metrics = td.train(base_fn, emb, examples, cfg, out, compact=compact, teacher_head=head)
+    options = TrainDrafterOptions(data, out, train, distill, tuple(extra_data or ()), compact)
+    try:
+        model = resolve_model(None if base == "default" else base, settings.model_dir)
+        config = EngineConfig.from_settings(engine_settings, model)
+        metrics = run_pipeline(options, config, settings.model_dir, render=_drafter_prompt)
+    except (ModelFetchError, OSError, ValueError) as exc:
+        raise _fail(str(exc)) from exc
     if as_json:
         _print_json(metrics)
     else:
@@ -601,19 +585,14 @@ def train_drafter(
             typer.echo(f"{key}: {value}")
 
 
-def _drafter_prompt(record: dict, engine):
-    """A raw prompt, or a problem rendered as the agent would ask it (its template, tools on)."""
-    from mathagent.serving.engine.distill import DistillPrompt
-
-    ident, heldout = str(record.get("id", "")), bool(record.get("heldout", False))
-    if "prompt" in record:
-        return DistillPrompt(record["prompt"], ident, heldout)
+def _drafter_prompt(problem: str, loaded: Any) -> str:
+    """A problem rendered as the agent would ask it (its template, tools on)."""
     from mathagent.agent.prompts import ChatTemplate, select_template
 
     settings = Settings()
-    template = select_template(settings.agent.prompt_format, engine.model_name, tools=True)
-    messages = template.messages(record["problem"], settings.agent.max_tool_calls)
-    return DistillPrompt(ChatTemplate(engine.tokenizer).render(messages), ident, heldout)
+    template = select_template(settings.agent.prompt_format, loaded.name, tools=True)
+    messages = template.messages(problem, settings.agent.max_tool_calls)
+    return ChatTemplate(loaded.tokenizer).render(messages)
 
 
 # Setup failures of the agent's parts, reported as one clear line.

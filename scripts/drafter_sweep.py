@@ -8,7 +8,7 @@
    sampled again ..., until the generation budget; their training rows come out of generation.
 2. The seed data (an earlier run's transcripts, held-out set included) gets one base pass.
 3. Each variant (layers, soft-label weight) trains on seed + new rows for an equal share of the
-   remaining time and is measured on the held-out transcripts (``train_drafter.evaluate``),
+   remaining time and is measured on the held-out transcripts (``mathagent.drafter.train.evaluate``),
    with the full vocabulary and with a draft vocabulary of the ``--draft-vocab`` most frequent
    training-text tokens (as ``scripts/drafter_vocab.py``). The best by held-out step-2 top-1
    (ties: chain acceptance length) is saved compact to ``DIR/best``; every variant's metrics go
@@ -26,13 +26,12 @@ from pathlib import Path
 import torch
 
 from mathagent.config import Settings
+from mathagent.drafter import train as td
+from mathagent.drafter.base import FrozenBase
+from mathagent.drafter.data import build_positions, concat_positions, load_examples, open_text
+from mathagent.drafter.distill import BatchDistiller, BatchJob, Transcript
 from mathagent.model_store import resolve_model
-from mathagent.serving.engine import train_drafter as td
-from mathagent.serving.engine.batch_distill import BatchDistiller, BatchJob, Transcript
 from mathagent.serving.engine.config import EngineConfig
-from mathagent.serving.engine.distill import open_text
-from mathagent.serving.engine.drafter_data import build_positions, concat_positions
-from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.spec_decode.redrafter import Drafter
 
 VARIANTS = [  # name, residual layers, soft-label weight
@@ -59,31 +58,30 @@ def load_prompts(path: Path | None, tag: str) -> list[tuple[str, str]]:
     return [(f"{tag}:{r['id']}", r["prompt"]) for r in recs if not r.get("heldout")]
 
 
-def jobs_for(engine: LLMEngine, on: list, off: list, rounds: int) -> list[BatchJob]:
+def jobs_for(base: FrozenBase, on: list, off: list, rounds: int) -> list[BatchJob]:
     """Rounds: sampled tool-use, greedy tools-off, then sampled tool-use / tools-off in turn."""
-    enc = {p: engine.tokenizer.encode(p, add_special_tokens=False) for _, p in on + off}
+    enc = {p: base.encode(p) for _, p in on + off}
     plan = [(on, 0.7), (off, 0.0)] + [(on if r % 2 == 0 else off, 0.7) for r in range(rounds)]
     return [BatchJob(enc[p], temp, ident) for group, temp in plan for ident, p in group]
 
 
-def write_transcripts(engine: LLMEngine, done: list[Transcript], path: Path, prompts: dict):
+def write_transcripts(base: FrozenBase, done: list[Transcript], path: Path, prompts: dict):
     with open_text(path, "w") as f:
         for t in done:
             rec = {"id": t.job.tag, "prompt": prompts[t.job.tag],
-                   "completion": engine.tokenizer.decode(t.completion_ids),
+                   "completion": base.tokenizer.decode(t.completion_ids),
                    "completion_ids": t.completion_ids, "temperature": t.job.temperature,
                    "heldout": False}  # fmt: skip
             f.write(json.dumps(rec) + "\n")
 
 
-def generate(engine: LLMEngine, args: argparse.Namespace, k: int) -> list[Transcript]:
+def generate(base: FrozenBase, args: argparse.Namespace, k: int) -> list[Transcript]:
     """New transcripts (and their training rows) within the generation budget."""
     on, off = load_prompts(args.prompts, "on"), load_prompts(args.prompts_no_tools, "off")
-    jobs = jobs_for(engine, on, off, args.rounds)
-    distiller = BatchDistiller(engine.runner, engine.loaded.eos_token_ids, args.max_tokens, k,
-                               teacher=True, seed=1)  # fmt: skip
+    jobs = jobs_for(base, on, off, args.rounds)
+    distiller = BatchDistiller(base, args.max_tokens, k, teacher=True, seed=1)
     done = distiller.run(jobs, args.gen_budget_s, report=log)
-    write_transcripts(engine, done, args.out / "transcripts2.jsonl.gz", dict(on + off))
+    write_transcripts(base, done, args.out / "transcripts2.jsonl.gz", dict(on + off))
     by_kind: dict[str, int] = {}
     for t in done:
         key = f"{t.job.tag.split(':')[0]}_T{t.job.temperature}"
@@ -92,12 +90,10 @@ def generate(engine: LLMEngine, args: argparse.Namespace, k: int) -> list[Transc
     return done
 
 
-def tables(engine: LLMEngine, args: argparse.Namespace, done: list[Transcript], k: int):
+def tables(base: FrozenBase, args: argparse.Namespace, done: list[Transcript], k: int):
     """Training rows (seed data + new), held-out rows, the draft vocabulary, and a summary."""
-    runner = engine.runner
-    encode = lambda text: engine.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    seed = td.load_examples(args.seed_data, encode, runner.max_seq_len)
-    base_fn = td.engine_base_fn(runner)
+    seed = load_examples(args.seed_data, base.encode, base.max_seq_len)
+    base_fn = base.features
     seed_train = [e for e in seed if not e.heldout]
     held = [e for e in seed if e.heldout]
     train_pos = concat_positions(
@@ -115,9 +111,9 @@ def tables(engine: LLMEngine, args: argparse.Namespace, done: list[Transcript], 
     return train_pos, eval_pos, vocab, info
 
 
-def sweep(engine: LLMEngine, args: argparse.Namespace, train_pos, eval_pos, vocab, info) -> None:
+def sweep(base: FrozenBase, args: argparse.Namespace, train_pos, eval_pos, vocab, info) -> None:
     """Train every chosen variant for its share of the time left; save the best."""
-    model = engine.runner.model
+    model = base.model
     emb, head = model.tok_embeddings.weight.detach().float(), model.output.weight.detach().float()
     chosen = [v for v in VARIANTS if v[0] in args.variants.split(",")]
     results: dict = {"info": info, "variants": {}}
@@ -181,12 +177,12 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     settings = Settings()
     config = EngineConfig.from_settings(settings.engine, resolve_model(None, settings.model_dir))
-    engine = LLMEngine(config, settings.model_dir)
-    log({"event": "loaded", "slots": engine.runner.config.max_batch_size})
-    done = generate(engine, args, 3)
-    train_pos, eval_pos, vocab, info = tables(engine, args, done, 3)
+    base = FrozenBase.load(config, settings.model_dir)
+    log({"event": "loaded", "slots": base.slots})
+    done = generate(base, args, 3)
+    train_pos, eval_pos, vocab, info = tables(base, args, done, 3)
     del done  # the rows now live in train_pos
-    sweep(engine, args, train_pos, eval_pos, vocab, info)
+    sweep(base, args, train_pos, eval_pos, vocab, info)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 from mathagent.config import EngineSettings, Settings
+from mathagent.drafter import train as td
+from mathagent.drafter.base import FrozenBase
+from mathagent.drafter.data import build_positions, load_examples
 from mathagent.model_store import resolve_model
-from mathagent.serving.engine import train_drafter as td
 from mathagent.serving.engine.config import EngineConfig
-from mathagent.serving.engine.drafter_data import build_positions
-from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.spec_decode.redrafter import Drafter
 
 
@@ -37,18 +37,17 @@ def main() -> None:
     settings = EngineSettings(device="cpu", dtype="float32", max_batch_size=8, max_seq_len=1024)
     model_dir = Settings().model_dir
     config = EngineConfig.from_settings(settings, resolve_model(None, model_dir))
-    engine = LLMEngine(config, model_dir)
-    emb = engine.runner.model.tok_embeddings.weight.detach().float()
+    base = FrozenBase.load(config, model_dir)
+    emb = base.model.tok_embeddings.weight.detach().float()
     drafter = Drafter.from_pretrained(args.drafter, emb).eval()
     drafter.set_draft_vocab(None)
 
-    encode = lambda text: engine.tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    examples = td.load_examples(args.transcripts, encode, 1024)
+    examples = load_examples(args.transcripts, base.encode, 1024)
     seen = [t for ex in examples if not ex.heldout for t in ex.tokens[ex.start :]]
     vocab = td.frequent_tokens(torch.tensor(seen), args.size)
 
     held = [ex for ex in examples if ex.heldout]
-    positions = build_positions(td.engine_base_fn(engine.runner), held, args.draft_len, max_rows=8)
+    positions = build_positions(base.features, held, args.draft_len, max_rows=8)
     full = td.evaluate(drafter, emb, positions, top_k=5)
     drafter.set_draft_vocab(vocab)
     restricted = td.evaluate(drafter, emb, positions, top_k=5)

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from mathagent.serving.engine.sampling_params import SamplingParams
-
-from .conftest import PROMPTS
+from tests.conftest import PROMPTS
 
 MAX_NEW = 24
 

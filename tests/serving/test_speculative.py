@@ -15,8 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mathagent.serving.engine.sampling_params import SamplingParams
-
-from .conftest import PROMPTS
+from tests.conftest import PROMPTS
 
 MAX_NEW = 16
 SHIPPED_DRAFTER = (

@@ -41,9 +41,6 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_slots = num_slots
         self.max_seq = max_seq
-        # forwards that wrote each slot: a freed slot's keys and values are reusable only while
-        # this is unchanged (drafter training and distillation run the runner on slots directly)
-        self.writes = [0] * num_slots
 
     def rows(self, slots: list[int], positions: torch.Tensor, kv_len: int) -> CacheRows:
         """The rows of a forward over ``slots`` whose new K/V go to ``positions [B, T]``."""

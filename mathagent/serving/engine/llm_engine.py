@@ -59,9 +59,7 @@ class LLMEngine:
         self.model_name = self.loaded.name
         self.max_seq_len = config.max_seq_len
         self.runner = ModelRunner(self.loaded.model, config)
-        self.scheduler = Scheduler(
-            config.max_batch_size, config.prefix_caching, self.runner.cache.writes
-        )
+        self.scheduler = Scheduler(config.max_batch_size, config.prefix_caching)
         self.speculator = Speculator(
             self.runner,
             Proposers(self.runner, config.draft_beams, model_dir),

@@ -87,8 +87,6 @@ class ModelRunner:
         Returns ``(logits [B, T or 1, V] float32, hidden [B, T or 1, H])``.
         """
         write = positions if write_positions is None else write_positions
-        for slot in slots:
-            self.cache.writes[slot] += 1
         if self.lookahead is not None:
             self.lookahead.drop()  # this step changes what a step in flight would have read
         if (

@@ -5,12 +5,14 @@ decode step takes all running sequences, so a request joins or leaves between st
 stalling the others. Prefill and decode steps alternate while both have work, which bounds how
 long a long prompt can hold up the running sequences.
 
-A freed slot keeps its keys and values until it is needed again. A new prompt that starts like
-a running sequence or a freed slot's tokens (the same system prompt, or an agent's next turn,
-which resends the whole conversation) reuses that prefix: it takes the freed slot itself, or
-has the prefix copied from the running one, and only the rest of the prompt is prefilled. A
-sequence missing only its last prompt token joins the decode batch at once (when it does not
-speculate), so requests that share a prompt start decoding together.
+The scheduler is the sole owner of the KV cache's slots: only the sequences it runs write them
+(drafter training runs on a cache of its own), so a freed slot keeps valid keys and values until
+it is needed again. A new prompt that starts like a running sequence or a freed slot's tokens
+(the same system prompt, or an agent's next turn, which resends the whole conversation) reuses
+that prefix: it takes the freed slot itself, or has the prefix copied from the running one, and
+only the rest of the prompt is prefilled. A sequence missing only its last prompt token joins
+the decode batch at once (when it does not speculate), so requests that share a prompt start
+decoding together.
 """
 
 from __future__ import annotations
@@ -46,18 +48,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 class Scheduler:
     """Owns the waiting queue, the running set, the free slots and what each freed slot holds."""
 
-    def __init__(
-        self, num_slots: int, prefix_caching: bool = True, slot_writes: list[int] | None = None
-    ) -> None:
+    def __init__(self, num_slots: int, prefix_caching: bool = True) -> None:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.prefix_caching = prefix_caching
         # free slot -> the tokens whose K/V it still holds (empty: nothing worth keeping)
         self.free: dict[int, list[int]] = {slot: [] for slot in range(num_slots)}
-        # the KV cache's per-slot write counts (KVCache.writes), and their value when each slot
-        # was freed: a slot written since (by anything but this scheduler) holds other K/V
-        self._writes = slot_writes if slot_writes is not None else [0] * num_slots
-        self._writes_when_freed: dict[int, int] = {}
         self._freed_at: dict[int, int] = {}  # free slot -> when it was freed (LRU eviction)
         self._clock = itertools.count()
         self._last_kind: str | None = None
@@ -124,11 +120,7 @@ class Scheduler:
         prompt token is always prefilled: its logits give the first generated token."""
         limit = len(prompt) - 1
         holders = [(s.slot, s.cached_ids) for s in self.running if s.slot is not None]
-        holders += [
-            (slot, ids)
-            for slot, ids in self.free.items()
-            if ids and self._writes[slot] == self._writes_when_freed.get(slot)
-        ]
+        holders += [(slot, ids) for slot, ids in self.free.items() if ids]
         best, donor = 0, None
         for slot, ids in holders:
             n = min(common_prefix(prompt, ids), limit)
@@ -153,6 +145,5 @@ class Scheduler:
         if seq.slot is not None:
             self.free[seq.slot] = seq.cached_ids if self.prefix_caching else []
             self._freed_at[seq.slot] = next(self._clock)
-            self._writes_when_freed[seq.slot] = self._writes[seq.slot]
             seq.slot = None
         seq.status = Status.FINISHED

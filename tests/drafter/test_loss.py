@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mathagent.serving.engine.drafter_data import Positions, example_rows
-from mathagent.serving.engine.drafter_loss import draft_loss
-from mathagent.serving.engine.train_drafter import TrainConfig, evaluate, fit
+from mathagent.drafter.data import Positions, example_rows
+from mathagent.drafter.loss import draft_loss
+from mathagent.drafter.train import TrainConfig, evaluate, fit
 
 torch.set_num_threads(1)
 

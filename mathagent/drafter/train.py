@@ -1,11 +1,12 @@
 """Train a ReDrafter head on a frozen base model (teacher-forced hidden states).
 
-The base runs once over every training sequence (on the engine's device); its final hidden
+The base runs once over every training sequence (:class:`~mathagent.drafter.base.FrozenBase`, on
+its own runner and device); its final hidden
 states and greedy predictions become a flat table of positions, and the drafter trains on
 random minibatches of positions, so the base's cost is paid once and a step is a few large
 matmuls. The loss at position t sums cross-entropy over the next ``draft_len`` tokens
 (t + 2 ... t + 1 + draft_len), as in apple/ml-recurrent-drafter, optionally mixed with the KL
-to the base's whole distribution (``kd_weight``, see ``drafter_loss``); held-out sequences give
+to the base's whole distribution (``kd_weight``, see ``mathagent.drafter.loss``); held-out sequences give
 ``redrafter{i}_top1`` / ``_top5`` (step i predicts token t + 2 + i with teacher forcing).
 """
 
@@ -19,18 +20,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from mathagent.serving.engine.distill import open_text
-from mathagent.serving.engine.drafter_data import Positions, build_positions
-from mathagent.serving.engine.drafter_loss import draft_loss
+from mathagent.drafter.data import Example, Positions, build_positions
+from mathagent.drafter.loss import draft_loss
 from mathagent.serving.engine.spec_decode.redrafter import Drafter, DrafterConfig
-
-if TYPE_CHECKING:
-    from mathagent.serving.engine.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -53,86 +49,9 @@ class TrainConfig:
     seed: int = 0
     top_k: int = 5
     time_budget_s: float | None = None  # training stops (annealed) when this runs out
-    base_batch: int = 1  # sequences per base forward (at most the engine's KV-cache slots)
+    base_batch: int = 1  # sequences per base forward (at most the base runner's KV-cache slots)
     draft_vocab: int = 0  # >0: keep this many most frequent training tokens as draft vocab
     kd_weight: float = 0.0  # share of the loss that is KL to the base's soft distribution
-
-
-@dataclass
-class Example:
-    """One training sequence; ``start`` is the first position whose token is a label."""
-
-    tokens: list[int]
-    start: int = 0
-    heldout: bool = False
-
-
-def load_examples(path: Path, encode: Callable[[str], list[int]], max_len: int) -> list[Example]:
-    """Read JSONL (``text``, or ``prompt`` + ``completion``; ``.gz`` allowed) or plain text.
-
-    With prompt + completion only completion tokens are labels: the drafter learns what the
-    base generates, not what users type. ``completion_ids`` (written by self-distillation)
-    are used as they are; ``heldout: true`` marks the evaluation set.
-    """
-    examples = []
-    if path.name.endswith((".jsonl", ".jsonl.gz")):
-        with open_text(path, "r") as f:
-            for line in f:
-                if line.strip():
-                    examples.append(_example(json.loads(line), encode, max_len))
-    else:
-        blocks = [b for b in path.read_text().split("\n\n") if b.strip()]
-        examples = [_clip(encode(b), 0, max_len) for b in blocks]
-    examples = [e for e in examples if len(e.tokens) - max(e.start, 1) >= 2]
-    if not examples:
-        raise ValueError(f"{path} holds no usable training text")
-    return examples
-
-
-def _example(rec: dict, encode: Callable[[str], list[int]], max_len: int) -> Example:
-    if "completion" not in rec and "completion_ids" not in rec:
-        return _clip(encode(rec["text"]), 0, max_len)
-    prompt = encode(rec.get("prompt", ""))
-    completion = rec.get("completion_ids") or encode(rec["completion"])
-    ex = _clip(prompt + completion, len(prompt), max_len)
-    ex.heldout = bool(rec.get("heldout", False))
-    return ex
-
-
-def _clip(tokens: list[int], start: int, max_len: int) -> Example:
-    """Keep at most ``max_len`` tokens, dropping the front of a long prompt first."""
-    if len(tokens) <= max_len:
-        return Example(tokens, start)
-    cut = len(tokens) - max_len
-    return Example(tokens[cut:], max(0, start - cut))
-
-
-def engine_base_fn(runner: ModelRunner) -> BaseFn:
-    """Hidden states and greedy predictions of the engine's model over a batch of sequences.
-
-    Rows go to slots 0..B-1 from position 0 (padded to the longest; padding only writes its
-    own slot's cache past the row's end); results stay on the runner's device.
-    """
-
-    def run(batch: list[list[int]]) -> list[tuple[Tensor, Tensor]]:
-        longest = max(len(t) for t in batch)
-        if longest > runner.max_seq_len:
-            raise ValueError(f"a training sequence of {longest} tokens exceeds the context")
-        toks = torch.zeros(len(batch), longest, dtype=torch.long)
-        for b, t in enumerate(batch):
-            toks[b, : len(t)] = torch.tensor(t)
-        pos = torch.arange(longest)[None].expand(len(batch), -1)
-        slots = list(range(len(batch)))
-        _, hidden = runner.forward(toks.to(runner.device), pos.to(runner.device), slots,
-                                   hidden_only=True)  # fmt: skip
-        out = []
-        for b, t in enumerate(batch):
-            h = hidden[b, : len(t)].float()
-            preds = torch.cat([runner.model.logits(c).argmax(-1) for c in h.split(1024)])
-            out.append((h, preds))
-        return out
-
-    return run
 
 
 def new_drafter(embedding: Tensor, cfg: TrainConfig) -> Drafter:

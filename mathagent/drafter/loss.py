@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mathagent.serving.engine.drafter_data import Positions
+from mathagent.drafter.data import Positions
 
 
 def draft_loss(

@@ -10,12 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
-from mathagent.serving.engine.drafter_data import example_rows
+from mathagent.drafter.data import example_rows
+from mathagent.drafter.pipeline import DistillOptions, TrainDrafterError, read_prompts
+from mathagent.drafter.train import step_logits
 from mathagent.serving.engine.spec_decode.redrafter import Drafter, DrafterConfig
-from mathagent.serving.engine.train_drafter import step_logits
 from tests.serving.test_redrafter import assert_trtllm_checkpoint
 
 ENV = {
@@ -112,3 +114,14 @@ def test_self_distill_then_train_a_compact_drafter(tmp_path: Path) -> None:
     assert 1.0 <= metrics["chain_acceptance_length"] <= 4.0
     assert "lm_head.2.weight" not in load_file(str(out / "model.safetensors"))
     assert json.loads((out / "config.json").read_text())["lm_head_from_base"] is True
+
+
+def test_problem_records_need_a_renderer(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "x", "prompt": "Q: 1 + 1 ="}\n{"id": "y", "problem": "2 + 2?"}\n')
+    got = read_prompts(DistillOptions(prompts, limit=1), None, None)  # type: ignore[arg-type]
+    assert [(p.id, p.prompt, p.heldout) for p in got] == [("x", "Q: 1 + 1 =", False)]
+    rendered = read_prompts(DistillOptions(prompts, skip=1), None, lambda q, _: f"<{q}>")  # type: ignore[arg-type]
+    assert [p.prompt for p in rendered] == ["<2 + 2?>"]
+    with pytest.raises(TrainDrafterError, match="renderer"):
+        read_prompts(DistillOptions(prompts), None, None)  # type: ignore[arg-type]

@@ -1,6 +1,8 @@
-"""The drafter's training table: one row per text position, built by one pass of the base.
+"""The drafter's training data: text examples, and the table of positions built from them.
 
-Row t holds the base's final hidden state at t, the ids of the next ``K`` tokens of the text
+Examples come from JSONL (``text``, or ``prompt`` + ``completion`` as self-distillation writes
+them) or plain text. The table has one row per text position, built by one pass of the base:
+row t holds the base's final hidden state at t, the ids of the next ``K`` tokens of the text
 (t + 1 ... t + K, the inputs the recurrent state consumes) and ``K`` labels: the base's greedy
 token after each of them (``preds[t + 1 + i]``, naming token t + 2 + i). Labels are the base's
 own predictions, so the drafter learns what greedy verification accepts. A label whose token
@@ -11,9 +13,12 @@ soft-label distillation a row may also keep the base's hidden state behind each 
 
 from __future__ import annotations
 
+import gzip
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from pathlib import Path
+from typing import IO
 
 import torch
 from torch import Tensor
@@ -21,9 +26,60 @@ from torch import Tensor
 IGNORE = -100
 
 
-class _Example(Protocol):
+def open_text(path: Path, mode: str) -> IO[str]:
+    """Open a text file, gzipped when its name ends in ``.gz``."""
+    if path.suffix == ".gz":
+        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
+    return path.open(mode, encoding="utf-8")
+
+
+@dataclass
+class Example:
+    """One training sequence; ``start`` is the first position whose token is a label."""
+
     tokens: list[int]
-    start: int
+    start: int = 0
+    heldout: bool = False
+
+
+def load_examples(path: Path, encode: Callable[[str], list[int]], max_len: int) -> list[Example]:
+    """Read JSONL (``text``, or ``prompt`` + ``completion``; ``.gz`` allowed) or plain text.
+
+    With prompt + completion only completion tokens are labels: the drafter learns what the
+    base generates, not what users type. ``completion_ids`` (written by self-distillation)
+    are used as they are; ``heldout: true`` marks the evaluation set.
+    """
+    examples = []
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+        with open_text(path, "r") as f:
+            for line in f:
+                if line.strip():
+                    examples.append(_example(json.loads(line), encode, max_len))
+    else:
+        blocks = [b for b in path.read_text().split("\n\n") if b.strip()]
+        examples = [_clip(encode(b), 0, max_len) for b in blocks]
+    examples = [e for e in examples if len(e.tokens) - max(e.start, 1) >= 2]
+    if not examples:
+        raise ValueError(f"{path} holds no usable training text")
+    return examples
+
+
+def _example(rec: dict, encode: Callable[[str], list[int]], max_len: int) -> Example:
+    if "completion" not in rec and "completion_ids" not in rec:
+        return _clip(encode(rec["text"]), 0, max_len)
+    prompt = encode(rec.get("prompt", ""))
+    completion = rec.get("completion_ids") or encode(rec["completion"])
+    ex = _clip(prompt + completion, len(prompt), max_len)
+    ex.heldout = bool(rec.get("heldout", False))
+    return ex
+
+
+def _clip(tokens: list[int], start: int, max_len: int) -> Example:
+    """Keep at most ``max_len`` tokens, dropping the front of a long prompt first."""
+    if len(tokens) <= max_len:
+        return Example(tokens, start)
+    cut = len(tokens) - max_len
+    return Example(tokens[cut:], max(0, start - cut))
 
 
 @dataclass
@@ -76,7 +132,7 @@ def example_rows(
 
 def build_positions(
     base_fn: Callable[[list[list[int]]], list[tuple[Tensor, Tensor]]],
-    examples: Sequence[_Example],
+    examples: Sequence[Example],
     k: int,
     max_rows: int = 1,
     batch_tokens: int = 32768,
