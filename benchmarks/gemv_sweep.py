@@ -20,10 +20,10 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from gpu_common import SHAPES
 
 from mathagent.serving.engine.cuda import kernels as cuda_kernels
 from mathagent.serving.engine.cuda.kernels import GemvConfig
+from mathagent.serving.engine.loader import RANDOM_SHAPES as SHAPES
 
 
 def uses(shape: str) -> dict[str, tuple[int, int, int, bool]]:

@@ -1,4 +1,4 @@
-"""Shared pieces of the GPU benchmarks: model shapes, shared random weights, ceilings, timing.
+"""Shared pieces of the GPU benchmarks: shared random weights, ceilings, timing.
 
 The weights are built once on the GPU as a transformers ``LlamaForCausalLM`` from a config (no
 download); the engine is handed the same tensors, so both decode the same model.
@@ -11,24 +11,9 @@ from collections.abc import Callable
 
 import torch
 
-DATASHEET_HBM_BYTES_PER_S = 4.8e12  # H200 SXM datasheet
+from mathagent.serving.engine.loader import RANDOM_SHAPES  # the model shapes, one list
 
-SHAPES: dict[str, dict] = {
-    "llama-3.2-1b": dict(
-        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
-        rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
-        max_position_embeddings=131072,
-        rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
-                          high_freq_factor=4.0, original_max_position_embeddings=8192),
-    ),
-    "llama-3-8b": dict(
-        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
-        rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=False,
-        max_position_embeddings=8192,
-    ),
-}  # fmt: skip
+DATASHEET_HBM_BYTES_PER_S = 4.8e12  # H200 SXM datasheet
 
 
 def build_hf_model(shape: str, seed: int = 0) -> torch.nn.Module:
@@ -36,7 +21,7 @@ def build_hf_model(shape: str, seed: int = 0) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(**SHAPES[shape])
+    config = LlamaConfig(**RANDOM_SHAPES[shape])
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:

@@ -26,7 +26,8 @@ from mathagent.serving.engine.model import (
 )
 from mathagent.serving.engine.quant import quantize_model
 
-# Named shapes for benchmarks and tests; weights are random.
+# Named shapes (Hugging Face config fields) for tests and benchmarks, the GPU ones included:
+# ``random:<name>`` loads random weights; benchmarks/gpu_common.py builds transformers twins.
 RANDOM_SHAPES: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"]),
@@ -42,14 +43,14 @@ RANDOM_SHAPES: dict[str, dict[str, Any]] = {
                          architectures=["LlamaForCausalLM"]),
     "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
                          num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                         rope_theta=500000.0, tie_word_embeddings=True,
+                         rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
                          rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
                                            high_freq_factor=4.0,
                                            original_max_position_embeddings=8192),
                          max_position_embeddings=131072, architectures=["LlamaForCausalLM"]),
     "llama-3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                       rope_theta=500000.0, max_position_embeddings=8192,
+                       rope_theta=500000.0, rms_norm_eps=1e-5, max_position_embeddings=8192,
                        architectures=["LlamaForCausalLM"]),
 }  # fmt: skip
 
