@@ -18,7 +18,7 @@ from mathagent.drafter.data import example_rows
 from mathagent.drafter.pipeline import DistillOptions, TrainDrafterError, read_prompts
 from mathagent.drafter.train import step_logits
 from mathagent.serving.engine.spec_decode.redrafter import Drafter, DrafterConfig
-from tests.serving.test_redrafter import assert_trtllm_checkpoint
+from tests.serving.engine.spec_decode.test_redrafter import assert_trtllm_checkpoint
 
 ENV = {
     **os.environ,

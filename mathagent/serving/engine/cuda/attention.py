@@ -37,6 +37,12 @@ if triton is not None:
         MAX_SEQ: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
         TP: tl.constexpr,
     ):  # fmt: skip
+        """One program per (row, KV head, split): online-softmax attention over a slot's cache.
+
+        It is one long function because a Triton kernel is one function: helpers are inlined
+        anyway, and splitting the work into kernels would add launches to a step that is bound
+        by them (benchmarks/GPU_NOTES.md).
+        """
         # ROPE: q_ptr is the QKV projection [B, T, (H + 2 Hkv) * D] before rotary; this kernel
         # rotates q and the new k (positions pos [B, T], tables cos/sin [*, D]) and writes the
         # new k and v into the cache, so no separate rotary and scatter kernels run.

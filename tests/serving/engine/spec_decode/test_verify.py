@@ -10,7 +10,7 @@ from mathagent.serving.engine.spec_decode.verify import (
     sample_verify,
     tree_greedy_verify,
 )
-from tests.serving.stats import chi_square_p
+from tests.serving.engine.spec_decode.stats import chi_square_p
 
 
 def _onehot_logits(tokens: list[list[int]], vocab: int = 10) -> torch.Tensor:

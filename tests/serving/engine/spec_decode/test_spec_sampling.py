@@ -23,7 +23,7 @@ from mathagent.serving.engine.sampling_params import SamplingParams
 from mathagent.serving.engine.spec_config import SpecMethod
 from mathagent.serving.engine.spec_decode.draft_model import DraftModelProposer, draft_runner
 from mathagent.serving.engine.spec_decode.redrafter import Drafter, DrafterConfig, ReDrafterProposer
-from tests.serving.stats import chi_square_p
+from tests.serving.engine.spec_decode.stats import chi_square_p
 
 PROMPT = [5, 17, 99, 3]
 SAMPLES = 1200

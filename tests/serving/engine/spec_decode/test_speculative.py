@@ -19,7 +19,7 @@ from tests.conftest import PROMPTS
 
 MAX_NEW = 16
 SHIPPED_DRAFTER = (
-    Path(__file__).resolve().parents[2] / "mathagent/serving/drafters/SmolLM2-135M-Instruct"
+    Path(__file__).resolve().parents[4] / "mathagent/serving/drafters/SmolLM2-135M-Instruct"
 )
 
 
