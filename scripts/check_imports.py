@@ -31,14 +31,21 @@ RULES = (
     ("mathagent.serving", "mathagent.evals", "serving knows nothing of evals"),
     ("mathagent.serving", "mathagent.drafter", "training imports the engine, never the reverse"),
     ("mathagent.serving.engine", "mathagent.serving.", "the engine imports nothing around it"),
+    ("mathagent.serving.engine", "mathagent.model_store", "the engine loads what its caller names"),
     ("mathagent.evals", "mathagent.serving", "evals reaches engines only over HTTP"),
     ("mathagent.evals", "mathagent.runtime", "runtime composes evals"),
     ("mathagent.evals", "mathagent.cli", "the CLI stands above everything"),
     ("mathagent.drafter", "mathagent.agent", "training knows nothing of the agent"),
+    ("mathagent.drafter", "mathagent.serving.", "training builds on the engine alone"),
+    ("mathagent.drafter", "mathagent.model_store", "the caller names the base model"),
+    ("mathagent.drafter", "mathagent.cli", "the CLI stands above everything"),
     ("mathagent.runtime", "mathagent.cli", "the CLI stands above the runtime"),
 )
-# Imports a rule allows anyway: the engine's own subpackages and the model store.
-ALLOWED = (("mathagent.serving.engine", "mathagent.serving.engine"),)
+# Imports a rule allows anyway: the engine's own subpackages, and the engine for training.
+ALLOWED = (
+    ("mathagent.serving.engine", "mathagent.serving.engine"),
+    ("mathagent.drafter", "mathagent.serving.engine"),
+)
 
 
 def module_name(path: Path) -> str:
