@@ -3,6 +3,7 @@ sampled text as the engine, and training rows identical to a separate teacher-fo
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mathagent.drafter.base import FrozenBase
@@ -57,3 +58,37 @@ def test_sampled_jobs_refill_slots_and_a_budget_ends_them(engine) -> None:
     assert [t.completion_ids for t in again] == [t.completion_ids for t in done]
     cut = BatchDistiller(base, max_tokens=200, eos_ids=[]).run(jobs, time_budget_s=0.0)
     assert len(cut) < 20
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_graphs_the_distiller_writes_the_engines_greedy_text() -> None:
+    """The GPU job's path: the base's own runner replays CUDA graphs for decode steps, and its
+    greedy text equals the engine's (float32, sharp random weights: well-separated argmaxes)."""
+    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.llm_engine import LLMEngine
+    from mathagent.serving.engine.loader import LoadedModel
+    from mathagent.serving.engine.model import ModelArgs, Transformer
+
+    shape = dict(vocab_size=2048, hidden_size=1024, intermediate_size=2048, num_hidden_layers=2,
+                 num_attention_heads=16, num_key_value_heads=4, architectures=["LlamaForCausalLM"])  # fmt: skip
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs.from_hf_config(shape)).to("cuda").eval()
+    for param in model.parameters():
+        param.data.normal_(0.0, 0.08)
+    config = EngineConfig(model=None, device=torch.device("cuda"), dtype=torch.float32,
+                          max_batch_size=4, max_seq_len=256, speculative="none", draft_len=3,
+                          draft_beams=1, eager=False, threads=None)  # fmt: skip
+    loaded = LoadedModel(model, None, "random", None, ())
+    engine = LLMEngine(config, model_dir=None, loaded=loaded)  # type: ignore[arg-type]
+    base = FrozenBase(loaded, config)
+    assert base.runner.graphs is not None and base.runner.cache is not engine.runner.cache
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 2048, (n,), generator=gen).tolist() for n in (5, 19, 11, 3, 8, 13)]
+    done = BatchDistiller(base, max_tokens=12, eos_ids=[]).run([BatchJob(p) for p in prompts])
+    want = engine.generate(prompts, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
+    assert [t.completion_ids for t in done] == [w.token_ids for w in want]
+    sampled = [BatchJob(p, 0.8, seed=i) for i, p in enumerate(prompts)]
+    runs = [BatchDistiller(base, max_tokens=12, eos_ids=[]).run(sampled) for _ in range(2)]
+    assert [t.completion_ids for t in runs[0]] == [t.completion_ids for t in runs[1]]
+    assert all(len(t.completion_ids) == 12 for t in runs[0])
