@@ -48,9 +48,7 @@ class LLMEngine:
         self.config = config
         if loaded is None:
             if config.model is None:
-                raise EngineConfigError(
-                    "no model to load: the caller names one (or a loaded model)"
-                )
+                raise EngineConfigError("no model named: give a model spec or a loaded model")
             loaded = load_model(
                 config.model, model_dir, config.device, config.dtype, config.quantization
             )
