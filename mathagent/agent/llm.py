@@ -229,29 +229,26 @@ def open_llm(
     model: str,
     settings: AgentSettings,
     api_key: str = "EMPTY",
-    tokenizer: str | None = None,
+    chat_template: ChatTemplate | None = None,
 ) -> LLM:
-    """An :class:`LLM` for an endpoint, in completions mode when a chat template is found.
+    """An :class:`LLM` for an endpoint: completions mode with a chat template, else chat.
 
-    The template comes from ``settings.tokenizer``, else ``tokenizer`` (the CLI passes the
-    embedded model's path), else the served model name if it is a local folder or cached.
+    The caller finds the template (the runtime: the engine's own tokenizer, or local files);
+    ``api_mode`` ``completions`` without one is an error, ``chat`` ignores it.
     """
-    template = None
-    if settings.api_mode != "chat":
-        source = settings.tokenizer or tokenizer or model
-        try:
-            template = ChatTemplate.load(source)
-        except (OSError, ValueError) as exc:
-            if settings.api_mode == "completions":
-                raise LLMError(f"no chat template for {source!r}: {exc}") from exc
+    mode = settings.api_mode
+    if mode == "completions" and chat_template is None:
+        raise LLMError(f"completions mode needs the chat template of {model!r}")
+    if mode == "auto":
+        mode = "completions" if chat_template is not None else "chat"
     client = openai.AsyncOpenAI(
         base_url=base_url, api_key=api_key, max_retries=0, timeout=settings.request_timeout_s
     )
     return LLM(
         client,
         model,
-        chat_template=template,
-        mode="completions" if template is not None else "chat",
+        chat_template=chat_template if mode == "completions" else None,
+        mode=mode,
         request_timeout_s=settings.request_timeout_s,
         retries=settings.retries,
         backoff_s=settings.backoff_s,
