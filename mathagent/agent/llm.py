@@ -19,6 +19,7 @@ import httpx
 import openai
 
 from mathagent.agent.prompts import ChatTemplate, Message
+from mathagent.agent.retry import wait_to_retry
 from mathagent.config import AgentSettings
 
 # vLLM reports which stop string ended a completion; others omit the field.
@@ -98,8 +99,8 @@ class LLM:
         """Yield text chunks, then one :class:`Finish`; retry failures, resuming mid-text."""
         partial, spent, prompt_tokens, last = "", 0, 0, ""
         for attempt in range(self.retries + 1):
-            if attempt:
-                await self._backoff(attempt, deadline)
+            if attempt and not await wait_to_retry(attempt, self.backoff_s, deadline):
+                raise DeadlineExceeded
             budget = params.max_tokens - spent
             if budget <= 0:
                 yield Finish("length", prompt_tokens=prompt_tokens, completion_tokens=spent)
@@ -122,12 +123,6 @@ class LLM:
                 # A failed attempt still cost its streamed tokens (one chunk ~ one token).
                 spent += chunks
         raise LLMError(f"model endpoint failed after {self.retries + 1} attempts: {last}")
-
-    async def _backoff(self, attempt: int, deadline: float) -> None:
-        delay = self.backoff_s * 2 ** (attempt - 1)
-        if asyncio.get_running_loop().time() + delay >= deadline:
-            raise DeadlineExceeded
-        await asyncio.sleep(delay)
 
     async def _attempt(
         self, conv: Conversation, generation: str, params: GenParams, deadline: float
