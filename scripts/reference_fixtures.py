@@ -600,6 +600,27 @@ async def _run_cells_newest(sandbox, format_code_output, tags) -> list[dict]:
         )
         cells.append(_cell_record(name, code, res, format_code_output, tags))
     await sandbox.delete_session(str(session))
+    # The client's state restoration after a restart: a cell that succeeded once but fails when
+    # replayed makes the restoration fail, and the reference reports that to the model.
+    flag = Path(tempfile.gettempdir()) / "reference_fixtures_flag"
+    flag.unlink(missing_ok=True)
+    session = None
+    for name, code in [
+        ("replay_fails_first_run", f"open({str(flag)!r}, 'x').close()\ny = 1"),
+        ("replay_fails_timeout", "import time\nwhile True:\n    time.sleep(0.1)"),
+        ("replay_fails_next_cell", "print(y)"),
+    ]:
+        res, session = await sandbox.execute_code(
+            generated_code=code,
+            language="ipython",
+            timeout=10.0,
+            max_output_characters=1000,
+            session_id=session,
+            traceback_verbosity="plain",
+        )
+        cells.append(_cell_record(name, code, res, format_code_output, tags))
+    await sandbox.delete_session(str(session))
+    flag.unlink(missing_ok=True)
     return cells
 
 
@@ -919,6 +940,19 @@ def part_harmony(args: dict) -> None:
         ids = enc.encode(tok, allowed_special="all")
         specials[tok] = {"id": ids[0], "special": enc.is_special_token(ids[0])}
 
+    # Cross-checks against harmony's own expected renderings (its repo's test-data, byte for
+    # byte): the python tool section, and the token layout of a tool call it parses.
+    checks = {}
+    if args.get("harmony"):
+        data = Path(args["harmony"]) / "test-data"
+        expected = (data / "test_browser_and_python_tool.txt").read_text(encoding="utf-8")
+        section = first["builtin_python"].split("# Tools\n\n", 1)[1].split("# Valid", 1)[0]
+        checks["test_browser_and_python_tool.txt contains our '## python' section"] = (
+            section in expected
+        )
+        tool_call_ids = [int(t) for t in (data / "test_simple_tool_call.txt").read_text().split()]
+        checks["test_simple_tool_call.txt decoded"] = text(tool_call_ids)
+
     write_json(
         Path(args["out"]) / "harmony" / "gpt_oss_harmony.json",
         {
@@ -963,9 +997,12 @@ def part_harmony(args: dict) -> None:
                 "tool_response": text(enc.render(response)),
             },
             "parsed_completions": parsed,
-            "stop_tokens": enc.stop_tokens(),
-            "stop_tokens_for_assistant_actions": enc.stop_tokens_for_assistant_actions(),
+            "stop_tokens": sorted(
+                enc.stop_tokens()
+            ),  # a set inside harmony: sorted for stable bytes
+            "stop_tokens_for_assistant_actions": sorted(enc.stop_tokens_for_assistant_actions()),
             "special_tokens": specials,
+            "harmony_test_data_checks": checks,
         },
     )
 
@@ -1037,6 +1074,7 @@ def main() -> None:
         "nemo_skills_release_commit": git_commit(a.nemo_skills_release),
         "gpt_oss": str(a.gpt_oss),
         "gpt_oss_commit": git_commit(a.gpt_oss),
+        "harmony": str(a.harmony) if a.harmony else None,
         "harmony_commit": git_commit(a.harmony) if a.harmony else "unknown",
         "encodings": str(a.encodings),
         "templates": str(a.templates),
