@@ -16,7 +16,7 @@ likewise; citations are file @ commit):
     ``max_tokens`` default: the rest of the context (``max_model_len - prompt``).
   - Extra ``eos_token_id`` values of the model's ``generation_config.json`` (all but the
     tokenizer's own EOS) become ``stop_token_ids`` unless ``ignore_eos``:
-    ``vllm/sampling_params.py`` SamplingParams.update_from_generation_config. For gpt-oss
+    ``vllm/sampling_params.py`` @ db573835 SamplingParams.update_from_generation_config. For gpt-oss
     (eos ``[200002, 199999, 200012]``, tokenizer EOS ``<|return|>`` 200002) this makes
     ``<|call|>`` (200012) a stop token.
   - Stop tokens, ``vllm/v1/core/sched/utils.py`` @ 018d5dc7 check_stop: the tokenizer's EOS
@@ -51,7 +51,10 @@ likewise; citations are file @ commit):
     unless ``include_stop_str_in_output``; LENGTH -> ``"length"``. The cut happens on the final
     response only: while streaming, the earlier tokens of a multi-token stop word have already
     been sent (the fake does the same); a one-token stop word is never sent.
-  - ``tensorrt_llm/serve/postprocess_handlers.py`` @ 01bf1923: chat streams start with a
+  - ``tensorrt_llm/serve/postprocess_handlers.py`` @ 01bf1923: completion choices (whole and
+    streamed) carry ``stop_reason=output.stop_reason``; ``completion_tokens`` is the output's
+    token count after the stop word is cut; with ``include_usage`` a last chunk has
+    ``choices: []``. Chat streams start with a
     ``role`` chunk written as ``data: {...} \\n\\n`` (a space before the blank line) and carry
     ``stop_reason`` on the finishing chunk.
 
@@ -59,7 +62,22 @@ likewise; citations are file @ commit):
   vLLM's behaviour except that special tokens are always stripped, whatever the request says
   (a server or proxy that drops ``skip_special_tokens``), for the bad-input tests.
 
-Not modelled: sampling (the script is the model), logprobs, ``n > 1``, tool/reasoning parsers,
+Sources (stored versions read through the search tool's code index; each file at its own
+commit, not one release of each project):
+
+- vLLM ``vllm/entrypoints/openai/protocol.py`` @ ec3b890c14b00f6670515d9df8d503b5270e95ca
+- vLLM ``vllm/sampling_params.py`` @ db573835d3ef40643442e0817059e087355cf458
+- vLLM ``vllm/v1/core/sched/utils.py`` @ 018d5dc78efa9af8a03457451b6f27d56bf3b9c2
+- vLLM ``vllm/v1/engine/detokenizer.py`` @ e372329d90d7d12e3957ac21c4097fd9bb79192c
+- vLLM ``vllm/engine/output_processor/stop_checker.py`` @ 0531c2226a6a25cd96ccc856f3bda3f0bb4efb5f
+- TensorRT-LLM ``tensorrt_llm/serve/openai_protocol.py`` @ 0076e9390e1ed11515f149eec356f5a03f4a00d8
+- TensorRT-LLM ``tensorrt_llm/sampling_params.py`` @ 000a01de66f0eab4ab05640711f0253f50f5209c
+- TensorRT-LLM ``tensorrt_llm/executor/result.py`` @ 005bc848893f575ec14b45d6b13139360d67c790
+- TensorRT-LLM ``tensorrt_llm/serve/postprocess_handlers.py`` @ 01bf19231d29d8f0766e31c117d1cf39ed00d3d5
+
+Not modelled: sampling (the script is the model), logprobs, ``n > 1``, tool/reasoning parsers
+(TensorRT-LLM parses harmony itself on chat requests for gpt-oss), chunks with empty text
+(both servers may send them mid-stream; the fakes send text-bearing chunks and the finishing one),
 chat templates (a chat request's messages are recorded, not rendered). Prompt token counts are
 an estimate (``len(prompt) // 4``, at least 1), used for ``usage`` and the context limit.
 """
