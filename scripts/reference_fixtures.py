@@ -174,6 +174,9 @@ class Recorder:
                 recorder.requests.append({"path": self.path, "body": body})
                 turn = recorder.script.pop(0)
                 chat = self.path.endswith("/chat/completions")
+                if body.get("stream"):
+                    self._stream(turn, chat, body)
+                    return
                 choice = {"index": 0, "finish_reason": turn["finish_reason"], "logprobs": None}
                 choice["stop_reason"] = turn.get("stop_reason")
                 if chat:
@@ -198,6 +201,33 @@ class Recorder:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def _stream(self, turn, chat, body):
+                """vLLM-style SSE: the text in two pieces, then the finishing chunk."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                text = turn["text"]
+                half = len(text) // 2
+                pieces = [(text[:half], None), (text[half:], None), ("", turn["finish_reason"])]
+                for piece, finish in pieces:
+                    choice = {"index": 0, "logprobs": None, "finish_reason": finish}
+                    choice["stop_reason"] = turn.get("stop_reason") if finish else None
+                    if chat:
+                        choice["delta"] = {"content": piece}
+                    else:
+                        choice["text"] = piece
+                    chunk = {
+                        "id": "cmpl-fixture",
+                        "object": "chat.completion.chunk" if chat else "text_completion",
+                        "created": 0,
+                        "model": body.get("model", "model"),
+                        "choices": [choice],
+                    }
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+                self.close_connection = True
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
@@ -251,6 +281,22 @@ def _newest_scripts() -> dict[str, list[dict]]:
                 "<|start|>assistant<|channel|>analysis to=python code<|message|>" + CODE,
                 "finish_reason": "stop",
                 "stop_reason": 200012,
+                "completion_tokens": 20,
+            },
+            {
+                "text": "<|channel|>final<|message|>The answer is $\\boxed{104}$.",
+                "finish_reason": "stop",
+                "stop_reason": None,
+            },
+        ],
+        "gpt-oss-trtllm": [
+            {
+                # trtllm-serve: the request's stop string "<|call|>" is matched as its token and
+                # reported by the string (tensorrt_llm/executor/result.py _handle_sequence).
+                "text": "<|channel|>analysis<|message|>Compute it with python.<|end|>"
+                "<|start|>assistant<|channel|>analysis to=python code<|message|>" + CODE,
+                "finish_reason": "stop",
+                "stop_reason": "<|call|>",
                 "completion_tokens": 20,
             },
             {
@@ -364,6 +410,37 @@ NEWEST_CASES: list[dict] = [
         "code_execution": {"max_code_executions": 100},
         "inference": {"temperature": 1.0, "top_p": 1.0, "tokens_to_generate": 120000},
         "source": "docs/tutorials/posts/gpt-oss-python.md (with python)",
+    },
+    {
+        "name": "gpt_oss_tir_trtllm_answers",
+        "models": "openai/gpt-oss-120b behind trtllm-serve (stop reported as the string)",
+        "prompt_config": "gpt-oss/math",
+        "code_tags": "gpt-oss",
+        "template": "openai-gpt-oss-120b.jinja",
+        "chat_template_kwargs": {"reasoning_effort": "high", "builtin_tools": ["python"]},
+        "script": "gpt-oss-trtllm",
+        "system_message": None,
+        "data": {"problem": PROBLEM},
+        "code_execution": {"max_code_executions": 100},
+        "inference": {"temperature": 1.0, "top_p": 1.0, "tokens_to_generate": 120000},
+        "source": "docs/tutorials/posts/gpt-oss-python.md (with python)",
+    },
+    {
+        "name": "openmath_kaggle_aimo_notebook",
+        "models": "nvidia/OpenMath-Nemotron-14B-Kaggle as the AIMO notebook drives it",
+        "prompt_config": "generic/math",
+        "code_tags": "openmath",
+        "template": None,
+        "script": "openmath",
+        "system_message": None,
+        "data": {"problem": PROBLEM},
+        "code_execution": {"max_code_executions": 2, "sandbox_traceback_verbosity": "plain"},
+        # The notebook's own call: generate_async(prompt=prompt_obj.fill({"problem": ...}),
+        # stream=True, random_seed=request_id, temperature=0.7, tokens_to_generate=20000,
+        # **prompt_obj.get_code_execution_args()); fill() returns messages, so chat endpoint.
+        "call": {"stream": True, "random_seed": 0, "temperature": 0.7, "tokens_to_generate": 20000},
+        "server_type": "trtllm",
+        "source": "docs/tutorials/notebooks/demo_aimo_inference.ipynb",
     },
     {
         "name": "gpt_oss_tir_first_message_call",
@@ -500,26 +577,39 @@ def part_newest(args: dict) -> None:
         )
         sandbox = get_sandbox(host="127.0.0.1", port=str(sandbox_port))
         llm = get_code_execution_model(
-            server_type="vllm",
+            server_type=case.get("server_type", "vllm"),
             model="model",
             base_url=f"http://127.0.0.1:{recorder.port}/v1",
             sandbox=sandbox,
             code_execution=case["code_execution"],
         )
-        inference = InferenceConfig(
-            endpoint_type="text" if text_mode else "chat", **case["inference"]
-        )
-        params = {k: getattr(inference, k) for k in inference.__dataclass_fields__}
-        params.pop("extra_body")
-        params["extra_body"] = dict(inference.extra_body)
+        if "call" in case:
+            params = dict(case["call"])
 
-        async def run(llm=llm, filled=filled, params=params, prompt=prompt):
-            return await llm.generate_async(
-                prompt=filled,
-                stop_phrases=None,
-                **params,
-                **prompt.get_code_execution_args(),
+            async def run(llm=llm, filled=filled, params=params, prompt=prompt):
+                stream = await llm.generate_async(
+                    prompt=filled, **params, **prompt.get_code_execution_args()
+                )
+                text = ""
+                async for chunk in stream:
+                    text += chunk["generation"]
+                return {"generation": text, "code_rounds_executed": None}
+
+        else:
+            inference = InferenceConfig(
+                endpoint_type="text" if text_mode else "chat", **case["inference"]
             )
+            params = {k: getattr(inference, k) for k in inference.__dataclass_fields__}
+            params.pop("extra_body")
+            params["extra_body"] = dict(inference.extra_body)
+
+            async def run(llm=llm, filled=filled, params=params, prompt=prompt):
+                return await llm.generate_async(
+                    prompt=filled,
+                    stop_phrases=None,
+                    **params,
+                    **prompt.get_code_execution_args(),
+                )
 
         result = asyncio.run(run())
         write_json(
@@ -549,7 +639,8 @@ def part_newest(args: dict) -> None:
                         "chat_template_kwargs",
                     )
                 },
-                "inference": params,
+                "server_type": case.get("server_type", "vllm"),
+                "generate_async_kwargs": params,
                 "chat_template": case["template"],
                 "chat_template_sha256": sha256(templates / case["template"])
                 if case["template"]
