@@ -314,3 +314,21 @@ async def test_async_client_streams_as_the_agent_does():
                         stop_reason = choice_extra(chunk.choices[0])["stop_reason"]
     assert text == "Hi.\n<tool_call>\nprint(1)\n"
     assert stop_reason == "</tool_call>"
+
+
+def test_a_special_stop_string_under_skip_special_tokens():
+    """vLLM matches stop strings in the detokenized text (detokenizer.py): with special tokens
+    stripped, "<|call|>" never appears, so it cannot stop there (here the model's
+    generation_config lists no <|call|>). TensorRT-LLM matches the token (sampling_params.py
+    _setup) and stops, reporting the string, whatever skip_special_tokens says."""
+    model = gpt_oss_model(generation_eos_ids=(200002,))
+    turn = [*harmony_tokens(CALL), HARMONY["<|call|>"], *harmony_tokens("<|start|>assistant")]
+    turn.append(HARMONY["<|return|>"])
+    with FakeServer([turn], "vllm", model) as vllm:
+        v = complete(vllm, stop=["<|call|>"])
+    with FakeServer([turn], "trtllm", model) as trt:
+        t = complete(trt, stop=["<|call|>"])
+    assert v.choices[0].text == "analysis to=python codeprint(1)\nassistant"
+    assert choice_extra(v.choices[0])["stop_reason"] is None
+    assert t.choices[0].text == "analysis to=python codeprint(1)\n"
+    assert choice_extra(t.choices[0])["stop_reason"] == "<|call|>"
