@@ -188,9 +188,9 @@ def serve(
         except (EngineConfigError, ModelLoadError, UnsupportedModelError) as exc:
             raise _fail(str(exc)) from exc
         return
-    from mathagent.serving.launch import ServeRequest, build_plan, resolve_preset, run_plan
-    from mathagent.serving.plan import NoEquivalent
-    from mathagent.serving.process import ServeError
+    from mathagent.serving.launchers.plan import NoEquivalent
+    from mathagent.serving.launchers.process import ServeError
+    from mathagent.serving.launchers.serve import ServeRequest, build_plan, resolve_preset, run_plan
 
     name = preset or "custom"
     request = ServeRequest(

@@ -9,7 +9,7 @@ from mathagent.serving.acceptance import (
     read_acceptance,
     read_iteration_stats,
 )
-from mathagent.serving.process import ServerProcess
+from mathagent.serving.launchers.process import ServerProcess
 
 from .conftest import tiny_argv
 

@@ -8,8 +8,8 @@ per step are the steps plus one. ReDrafter has no SGLang equivalent.
 
 from __future__ import annotations
 
-from mathagent.serving.plan import LaunchPlan, NoEquivalent, Step, health_url
-from mathagent.serving.presets import Method, ServePreset
+from mathagent.serving.launchers.plan import LaunchPlan, NoEquivalent, Step, health_url
+from mathagent.serving.launchers.presets import Method, ServePreset
 
 ALGORITHMS = {Method.eagle3: "EAGLE3", Method.draft_target: "STANDALONE", Method.ngram: "NGRAM"}
 DIST_PORT = 5000

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from mathagent.serving.plan import LaunchPlan, NoEquivalent, Step, health_url
-from mathagent.serving.presets import Method, ServePreset
+from mathagent.serving.launchers.plan import LaunchPlan, NoEquivalent, Step, health_url
+from mathagent.serving.launchers.presets import Method, ServePreset
 
 METHODS = {Method.eagle3: "eagle3", Method.draft_target: "draft_model", Method.ngram: "ngram"}
 
