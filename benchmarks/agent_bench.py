@@ -118,7 +118,7 @@ async def main(args: argparse.Namespace) -> dict:
     async with AsyncExitStack() as stack:
         base_url, model = args.base_url or settings.base_url, settings.model or args.model
         if base_url is None:
-            from mathagent.serving.server import EmbeddedServer
+            from mathagent.serving.embedded import EmbeddedServer
 
             server = stack.enter_context(EmbeddedServer(settings))
             base_url, model = server.base_url, server.model_name

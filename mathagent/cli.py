@@ -172,10 +172,10 @@ def serve(
 ) -> None:
     """Start an OpenAI-compatible inference server."""
     if engine is EngineKind.embedded:
+        from mathagent.serving.embedded import serve as run_server
         from mathagent.serving.engine.config import EngineConfigError
         from mathagent.serving.engine.loader import ModelLoadError
         from mathagent.serving.engine.model import UnsupportedModelError
-        from mathagent.serving.server import serve as run_server
 
         settings = Settings()
         if speculative is not None:
@@ -620,7 +620,7 @@ async def _agent(settings: Settings, tools: bool) -> AsyncIterator[Any]:
     async with AsyncExitStack() as stack:
         base_url, model = settings.base_url, settings.model
         if base_url is None:
-            from mathagent.serving.server import EmbeddedServer
+            from mathagent.serving.embedded import EmbeddedServer
 
             server = stack.enter_context(EmbeddedServer(settings, model=settings.model))
             base_url, model = server.base_url, server.model_name

@@ -73,7 +73,7 @@ async def open_agent_solver(
     async with AsyncExitStack() as stack:
         base_url, model = settings.base_url, settings.model
         if base_url is None:
-            from mathagent.serving.server import EmbeddedServer
+            from mathagent.serving.embedded import EmbeddedServer
 
             server = stack.enter_context(EmbeddedServer(settings, model=settings.model, port=0))
             base_url, model = server.base_url, server.model_name
