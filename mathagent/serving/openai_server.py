@@ -18,7 +18,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.sse import EventSourceResponse, format_sse_event
 
 from mathagent.serving.engine.async_engine import AsyncEngine
 from mathagent.serving.engine.llm_engine import PromptError
@@ -100,10 +101,7 @@ async def _respond(
         return _error(400, str(exc))
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(
-            _stream_events(first, stream, render, rid, include_usage),
-            media_type="text/event-stream",
-        )
+        return EventSourceResponse(_stream_events(first, stream, render, rid, include_usage))
     collect = asyncio.create_task(_collect(first, stream))
     watcher = asyncio.create_task(_until_disconnect(request, collect))
     try:
@@ -175,8 +173,9 @@ async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
     return _error(400, "; ".join(parts) or "invalid request")
 
 
-def _sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj)}\n\n"
+def _sse(obj: Any) -> bytes:
+    """One ``data: {json}`` event, as OpenAI's streaming clients parse it."""
+    return format_sse_event(data_str=json.dumps(obj))
 
 
 async def _until_disconnect(request: Request, task: asyncio.Task) -> None:
@@ -204,7 +203,7 @@ async def _stream_events(
     render: Render,
     rid: str,
     include_usage: bool,
-) -> AsyncIterator[str]:
+) -> AsyncIterator[bytes]:
     """SSE chunks: one per output with text or an end, a usage chunk if asked, ``[DONE]``."""
     out: RequestOutput | None = first
     try:
@@ -216,6 +215,6 @@ async def _stream_events(
                     yield _sse({**render("", None, rid), "choices": [], "usage": _usage(out)})
                 break
             out = await anext(rest, None)
-        yield "data: [DONE]\n\n"
+        yield format_sse_event(data_str="[DONE]")
     finally:
         await rest.aclose()  # a client disconnect lands here and aborts the request
