@@ -8,18 +8,12 @@ per step are the steps plus one. ReDrafter has no SGLang equivalent.
 
 from __future__ import annotations
 
+from mathagent.serving.launchers import spelling
 from mathagent.serving.launchers.plan import LaunchPlan, Step, health_url
 from mathagent.serving.launchers.presets import Method, ServePreset
-from mathagent.serving.launchers.spelling import (
-    Spelling,
-    bind_args,
-    limit_flags,
-    method_name,
-    socket_env,
-)
 
 ALGORITHMS = {Method.eagle3: "EAGLE3", Method.draft_target: "STANDALONE", Method.ngram: "NGRAM"}
-FLAGS: dict[str, Spelling] = {
+FLAGS: dict[str, spelling.Spelling] = {
     "tp_size": "--tp-size",
     "max_batch_size": "--max-running-requests",
     "max_num_tokens": "--max-prefill-tokens",
@@ -33,7 +27,7 @@ DIST_PORT = 5000
 
 def speculative_args(preset: ServePreset) -> list[str]:
     """The ``--speculative-*`` flags, or none for plain decoding."""
-    algorithm = method_name(preset, ALGORITHMS, "SGLang")
+    algorithm = spelling.method_name(preset, ALGORITHMS, "SGLang")
     spec = preset.speculation
     if algorithm is None or spec is None:
         return []
@@ -52,12 +46,12 @@ def speculative_args(preset: ServePreset) -> list[str]:
 def serve_argv(preset: ServePreset, node_rank: int | None = None) -> list[str]:
     """``python -m sglang.launch_server ...``; ``node_rank`` for one node of a multi-node run."""
     argv = ["python3", "-m", "sglang.launch_server", "--model-path", preset.model]
-    argv += [*limit_flags(preset, FLAGS), *speculative_args(preset)]
+    argv += [*spelling.limit_flags(preset, FLAGS), *speculative_args(preset)]
     if preset.cluster is not None and node_rank is not None:
         head = preset.cluster.hosts[0]
         argv += ["--nnodes", str(len(preset.cluster.hosts)), "--node-rank", str(node_rank)]
         argv += ["--dist-init-addr", f"{head}:{DIST_PORT}"]
-    return [*argv, *bind_args(preset)]
+    return [*argv, *spelling.bind_args(preset)]
 
 
 def plan(preset: ServePreset) -> LaunchPlan:
@@ -66,7 +60,7 @@ def plan(preset: ServePreset) -> LaunchPlan:
     if preset.cluster is None:
         result.server = Step("serve", serve_argv(preset))
         return result
-    env = socket_env(preset.cluster)
+    env = spelling.socket_env(preset.cluster)
     hosts = preset.cluster.hosts
     result.steps = [
         Step(f"on {host}: serve (node rank {rank})", serve_argv(preset, rank), env)

@@ -10,18 +10,12 @@ from __future__ import annotations
 
 import json
 
+from mathagent.serving.launchers import spelling
 from mathagent.serving.launchers.plan import LaunchPlan, Step, health_url
 from mathagent.serving.launchers.presets import Method, ServePreset
-from mathagent.serving.launchers.spelling import (
-    Spelling,
-    bind_args,
-    limit_flags,
-    method_name,
-    socket_env,
-)
 
 METHODS = {Method.eagle3: "eagle3", Method.draft_target: "draft_model", Method.ngram: "ngram"}
-FLAGS: dict[str, Spelling] = {
+FLAGS: dict[str, spelling.Spelling] = {
     "tp_size": "--tensor-parallel-size",
     "max_batch_size": "--max-num-seqs",
     "max_num_tokens": "--max-num-batched-tokens",
@@ -33,7 +27,7 @@ FLAGS: dict[str, Spelling] = {
 
 def speculative_config(preset: ServePreset) -> dict | None:
     """The ``--speculative-config`` mapping, or ``None`` for plain decoding."""
-    method = method_name(preset, METHODS, "vLLM")
+    method = spelling.method_name(preset, METHODS, "vLLM")
     spec = preset.speculation
     if method is None or spec is None:
         return None
@@ -48,13 +42,13 @@ def speculative_config(preset: ServePreset) -> dict | None:
 
 def serve_argv(preset: ServePreset) -> list[str]:
     """``vllm serve MODEL ...`` carrying the preset's limits and speculation."""
-    argv = ["vllm", "serve", preset.model, *limit_flags(preset, FLAGS)]
+    argv = ["vllm", "serve", preset.model, *spelling.limit_flags(preset, FLAGS)]
     if preset.cluster is not None:
         argv += ["--distributed-executor-backend", "ray"]
     config = speculative_config(preset)
     if config is not None:
         argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
-    return [*argv, *bind_args(preset)]
+    return [*argv, *spelling.bind_args(preset)]
 
 
 def plan(preset: ServePreset) -> LaunchPlan:
@@ -62,7 +56,7 @@ def plan(preset: ServePreset) -> LaunchPlan:
     env: dict[str, str] = {}
     result = LaunchPlan("vllm", preset.name, health_url=health_url(preset.host, preset.port))
     if preset.cluster is not None:
-        env = socket_env(preset.cluster)
+        env = spelling.socket_env(preset.cluster)
         ifaces, head = env["NCCL_SOCKET_IFNAME"], preset.cluster.hosts[0]
         result.notes.append(
             f"start a Ray cluster first: `ray start --head --port 6379` on {head}, "
