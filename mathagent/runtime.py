@@ -90,7 +90,7 @@ async def open_solver(
 
 
 def _start_embedded(settings: Settings, rows: int) -> Any:
-    from mathagent.serving.server import EmbeddedServer
+    from mathagent.serving.embedded import EmbeddedServer
 
     engine = engine_settings_for(settings.engine, rows)
     server = EmbeddedServer(settings.model_copy(update={"engine": engine}), model=settings.model)

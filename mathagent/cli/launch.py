@@ -1,7 +1,7 @@
 """``mathagent serve --engine trtllm|vllm|sglang``: a preset rendered as a launch plan, then run.
 
 The options only external engines take live here; :func:`serve_external` takes them as one
-:class:`~mathagent.serving.launch.ServeRequest`, prints the plan, and runs it unless
+:class:`~mathagent.serving.launchers.serve.ServeRequest`, prints the plan, and runs it unless
 ``--dry-run``.
 """
 
@@ -16,7 +16,7 @@ import typer
 from mathagent.cli.common import fail
 
 if TYPE_CHECKING:
-    from mathagent.serving.launch import ServeRequest
+    from mathagent.serving.launchers.serve import ServeRequest
 
 
 class Launcher(StrEnum):
@@ -59,9 +59,9 @@ def split_list(value: str | None) -> list[str]:
 
 def serve_external(request: ServeRequest, dry_run: bool) -> None:
     """Build the plan from the request's preset and overrides; print it; run it."""
-    from mathagent.serving.launch import build_plan, resolve_preset, run_plan
-    from mathagent.serving.plan import NoEquivalent
-    from mathagent.serving.process import ServeError
+    from mathagent.serving.launchers.plan import NoEquivalent
+    from mathagent.serving.launchers.process import ServeError
+    from mathagent.serving.launchers.serve import build_plan, resolve_preset, run_plan
 
     try:
         plan, info = build_plan(request, resolve_preset(request))

@@ -51,7 +51,7 @@ def serve(
         settings = with_overrides(settings, host=host, engine={"speculative": speculative})
         _serve_embedded(settings, model, port, dry_run)
         return
-    from mathagent.serving.launch import ServeRequest
+    from mathagent.serving.launchers.serve import ServeRequest
 
     request = ServeRequest(
         engine=engine.value,
@@ -77,10 +77,10 @@ def serve(
 
 
 def _serve_embedded(settings: Settings, model: str | None, port: int, dry_run: bool) -> None:
+    from mathagent.serving.embedded import serve as run_server
     from mathagent.serving.engine.config import EngineConfigError
     from mathagent.serving.engine.loader import ModelLoadError
     from mathagent.serving.engine.model import UnsupportedModelError
-    from mathagent.serving.server import serve as run_server
 
     if dry_run:
         typer.echo(f"embedded engine: model={model or settings.model or 'default'} port={port}")

@@ -38,7 +38,7 @@ def _settings() -> Settings:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[object]:
-    from mathagent.serving.server import EmbeddedServer
+    from mathagent.serving.embedded import EmbeddedServer
 
     with EmbeddedServer(_settings(), port=0) as srv:
         yield srv

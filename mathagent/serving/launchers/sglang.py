@@ -8,24 +8,30 @@ per step are the steps plus one. ReDrafter has no SGLang equivalent.
 
 from __future__ import annotations
 
-from mathagent.serving.plan import LaunchPlan, NoEquivalent, Step, health_url
-from mathagent.serving.presets import Method, ServePreset
+from mathagent.serving.launchers import spelling
+from mathagent.serving.launchers.plan import LaunchPlan, Step, health_url
+from mathagent.serving.launchers.presets import Method, ServePreset
 
 ALGORITHMS = {Method.eagle3: "EAGLE3", Method.draft_target: "STANDALONE", Method.ngram: "NGRAM"}
+FLAGS: dict[str, spelling.Spelling] = {
+    "tp_size": "--tp-size",
+    "max_batch_size": "--max-running-requests",
+    "max_num_tokens": "--max-prefill-tokens",
+    "gpu_memory_fraction": "--mem-fraction-static",
+    "prefix_caching": {False: ["--disable-radix-cache"]},
+    "chunked_prefill": {False: ["--chunked-prefill-size", "-1"]},
+    "cuda_graph_max_batch_size": "--cuda-graph-max-bs",
+}
 DIST_PORT = 5000
 
 
 def speculative_args(preset: ServePreset) -> list[str]:
     """The ``--speculative-*`` flags, or none for plain decoding."""
+    algorithm = spelling.method_name(preset, ALGORITHMS, "SGLang")
     spec = preset.speculation
-    if spec is None:
+    if algorithm is None or spec is None:
         return []
-    if spec.method not in ALGORITHMS:
-        raise NoEquivalent(
-            f"{preset.name}: SGLang has no {spec.method} speculative decoding "
-            "(ReDrafter exists only on TensorRT-LLM's engine path); use --engine trtllm"
-        )
-    args = ["--speculative-algorithm", ALGORITHMS[spec.method]]
+    args = ["--speculative-algorithm", algorithm]
     if spec.method is Method.ngram:
         return [*args, "--speculative-num-draft-tokens", str(spec.max_draft_len)]
     return [
@@ -40,27 +46,12 @@ def speculative_args(preset: ServePreset) -> list[str]:
 def serve_argv(preset: ServePreset, node_rank: int | None = None) -> list[str]:
     """``python -m sglang.launch_server ...``; ``node_rank`` for one node of a multi-node run."""
     argv = ["python3", "-m", "sglang.launch_server", "--model-path", preset.model]
-    argv += ["--tp-size", str(preset.tp_size)]
-    if preset.max_batch_size is not None:
-        argv += ["--max-running-requests", str(preset.max_batch_size)]
-    if preset.max_num_tokens is not None:
-        argv += ["--max-prefill-tokens", str(preset.max_num_tokens)]
-    fraction = preset.kv_cache.free_gpu_memory_fraction or preset.kv_cache_free_gpu_memory_fraction
-    if fraction is not None:
-        argv += ["--mem-fraction-static", str(fraction)]
-    if preset.kv_cache.enable_block_reuse is False:
-        argv.append("--disable-radix-cache")
-    if preset.options.enable_chunked_prefill is False:
-        argv += ["--chunked-prefill-size", "-1"]
-    if preset.options.cuda_graph_max_batch_size is not None:
-        argv += ["--cuda-graph-max-bs", str(preset.options.cuda_graph_max_batch_size)]
-    argv += speculative_args(preset)
+    argv += [*spelling.limit_flags(preset, FLAGS), *speculative_args(preset)]
     if preset.cluster is not None and node_rank is not None:
         head = preset.cluster.hosts[0]
         argv += ["--nnodes", str(len(preset.cluster.hosts)), "--node-rank", str(node_rank)]
         argv += ["--dist-init-addr", f"{head}:{DIST_PORT}"]
-    argv += ["--host", preset.host or "127.0.0.1", "--port", str(preset.port or 8000)]
-    return argv
+    return [*argv, *spelling.bind_args(preset)]
 
 
 def plan(preset: ServePreset) -> LaunchPlan:
@@ -69,8 +60,7 @@ def plan(preset: ServePreset) -> LaunchPlan:
     if preset.cluster is None:
         result.server = Step("serve", serve_argv(preset))
         return result
-    ifaces = ",".join(preset.cluster.interfaces)
-    env = {"NCCL_SOCKET_IFNAME": ifaces, "GLOO_SOCKET_IFNAME": ifaces}
+    env = spelling.socket_env(preset.cluster)
     hosts = preset.cluster.hosts
     result.steps = [
         Step(f"on {host}: serve (node rank {rank})", serve_argv(preset, rank), env)

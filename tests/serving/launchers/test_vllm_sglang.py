@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from mathagent.serving import sglang, vllm
-from mathagent.serving.plan import NoEquivalent
-from mathagent.serving.presets import PRESETS, ServePreset
+from mathagent.serving.launchers import sglang, vllm
+from mathagent.serving.launchers.plan import NoEquivalent
+from mathagent.serving.launchers.presets import PRESETS, ServePreset
 
 
 def _spec_json(argv: list[str]) -> dict:

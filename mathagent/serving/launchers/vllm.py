@@ -10,23 +10,28 @@ from __future__ import annotations
 
 import json
 
-from mathagent.serving.plan import LaunchPlan, NoEquivalent, Step, health_url
-from mathagent.serving.presets import Method, ServePreset
+from mathagent.serving.launchers import spelling
+from mathagent.serving.launchers.plan import LaunchPlan, Step, health_url
+from mathagent.serving.launchers.presets import Method, ServePreset
 
 METHODS = {Method.eagle3: "eagle3", Method.draft_target: "draft_model", Method.ngram: "ngram"}
+FLAGS: dict[str, spelling.Spelling] = {
+    "tp_size": "--tensor-parallel-size",
+    "max_batch_size": "--max-num-seqs",
+    "max_num_tokens": "--max-num-batched-tokens",
+    "gpu_memory_fraction": "--gpu-memory-utilization",
+    "prefix_caching": {False: ["--no-enable-prefix-caching"]},
+    "chunked_prefill": {False: ["--no-enable-chunked-prefill"]},
+}
 
 
 def speculative_config(preset: ServePreset) -> dict | None:
     """The ``--speculative-config`` mapping, or ``None`` for plain decoding."""
+    method = spelling.method_name(preset, METHODS, "vLLM")
     spec = preset.speculation
-    if spec is None:
+    if method is None or spec is None:
         return None
-    if spec.method not in METHODS:
-        raise NoEquivalent(
-            f"{preset.name}: vLLM has no {spec.method} speculative decoding "
-            "(ReDrafter exists only on TensorRT-LLM's engine path); use --engine trtllm"
-        )
-    out: dict = {"method": METHODS[spec.method], "num_speculative_tokens": spec.max_draft_len}
+    out: dict = {"method": method, "num_speculative_tokens": spec.max_draft_len}
     if spec.method is Method.ngram:
         out["prompt_lookup_max"] = spec.max_matching_ngram_size
         out["prompt_lookup_min"] = 1
@@ -37,25 +42,13 @@ def speculative_config(preset: ServePreset) -> dict | None:
 
 def serve_argv(preset: ServePreset) -> list[str]:
     """``vllm serve MODEL ...`` carrying the preset's limits and speculation."""
-    argv = ["vllm", "serve", preset.model, "--tensor-parallel-size", str(preset.tp_size)]
-    if preset.max_batch_size is not None:
-        argv += ["--max-num-seqs", str(preset.max_batch_size)]
-    if preset.max_num_tokens is not None:
-        argv += ["--max-num-batched-tokens", str(preset.max_num_tokens)]
-    fraction = preset.kv_cache.free_gpu_memory_fraction or preset.kv_cache_free_gpu_memory_fraction
-    if fraction is not None:
-        argv += ["--gpu-memory-utilization", str(fraction)]
-    if preset.kv_cache.enable_block_reuse is False:
-        argv.append("--no-enable-prefix-caching")
-    if preset.options.enable_chunked_prefill is False:
-        argv.append("--no-enable-chunked-prefill")
+    argv = ["vllm", "serve", preset.model, *spelling.limit_flags(preset, FLAGS)]
     if preset.cluster is not None:
         argv += ["--distributed-executor-backend", "ray"]
     config = speculative_config(preset)
     if config is not None:
         argv += ["--speculative-config", json.dumps(config, separators=(",", ":"))]
-    argv += ["--host", preset.host or "127.0.0.1", "--port", str(preset.port or 8000)]
-    return argv
+    return [*argv, *spelling.bind_args(preset)]
 
 
 def plan(preset: ServePreset) -> LaunchPlan:
@@ -63,9 +56,8 @@ def plan(preset: ServePreset) -> LaunchPlan:
     env: dict[str, str] = {}
     result = LaunchPlan("vllm", preset.name, health_url=health_url(preset.host, preset.port))
     if preset.cluster is not None:
-        ifaces = ",".join(preset.cluster.interfaces)
-        env = {"NCCL_SOCKET_IFNAME": ifaces, "GLOO_SOCKET_IFNAME": ifaces}
-        head = preset.cluster.hosts[0]
+        env = spelling.socket_env(preset.cluster)
+        ifaces, head = env["NCCL_SOCKET_IFNAME"], preset.cluster.hosts[0]
         result.notes.append(
             f"start a Ray cluster first: `ray start --head --port 6379` on {head}, "
             f"`ray start --address {head}:6379` on the others, with {ifaces} in the same "

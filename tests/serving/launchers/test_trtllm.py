@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mathagent.serving import container, trtllm
-from mathagent.serving.presets import PRESETS
-from mathagent.serving.trtllm import Family
+from mathagent.serving.launchers import ngc, trtllm
+from mathagent.serving.launchers.presets import PRESETS
+from mathagent.serving.launchers.trtllm import Family
 
 OUT = Path("/srv/mathagent-serve")
 YAML_FILE = str(OUT / "extra-llm-api-config.yml")
@@ -194,7 +194,7 @@ def test_docker_launcher_runs_the_script_in_the_ngc_image():
     plan = _plan("gpt-oss-120b-eagle3", Family.v1_2, launcher="docker")
     argv = plan.server.argv
     assert argv[:5] == ["docker", "run", "--rm", "--name", "mathagent-trtllm-8000"]
-    assert argv[-3:] == [container.IMAGES["1.2"], "bash", f"{OUT}/launch.sh"]
+    assert argv[-3:] == [ngc.IMAGES["1.2"], "bash", f"{OUT}/launch.sh"]
     for flag in ("--gpus=all", "--ipc=host", "memlock=-1", "stack=67108864", f"{OUT}:{OUT}"):
         assert flag in argv
     assert plan.steps == []

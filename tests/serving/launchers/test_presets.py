@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from mathagent.serving.launch import ServeRequest, resolve_preset
-from mathagent.serving.presets import PRESETS, Cluster, Method, ServePreset, get_preset
+from mathagent.serving.launchers.presets import PRESETS, Cluster, Method, ServePreset, get_preset
+from mathagent.serving.launchers.serve import ServeRequest, resolve_preset
 
 NAMES = [
     "gpt-oss-120b-eagle3",

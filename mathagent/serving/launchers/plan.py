@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mathagent.serving.process import ServeError, ServerProcess
+from mathagent.serving.launchers.process import ServeError, ServerProcess
 
 
 class NoEquivalent(ValueError):

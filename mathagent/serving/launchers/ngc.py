@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from mathagent.serving.plan import LaunchPlan, Step
+from mathagent.serving.launchers.plan import LaunchPlan, Step
 
 IMAGES = {
     "1.0": "nvcr.io/nvidia/tensorrt-llm/release:1.0.0rc3",

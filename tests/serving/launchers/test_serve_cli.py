@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mathagent.serving import trtllm
-from mathagent.serving.presets import PRESETS
+from mathagent.serving.launchers import trtllm
+from mathagent.serving.launchers.presets import PRESETS
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

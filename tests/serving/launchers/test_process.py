@@ -14,15 +14,14 @@ import time
 import httpx
 import pytest
 
-from mathagent.serving.process import (
+from mathagent.serving.launchers.process import (
     ServeError,
     ServerProcess,
     explain_failure,
     port_in_use,
     serve_foreground,
 )
-
-from .conftest import tiny_argv
+from tests.serving.conftest import tiny_argv
 
 
 def _server(argv: list[str], port: int, **kwargs) -> ServerProcess:
@@ -141,7 +140,7 @@ def test_sigterm_to_the_launcher_stops_the_server_cleanly(port):
     # serve_foreground in its own process, as `mathagent serve` runs it; SIGTERM it once healthy.
     code = textwrap.dedent(f"""
         import sys
-        from mathagent.serving.process import ServerProcess, serve_foreground
+        from mathagent.serving.launchers.process import ServerProcess, serve_foreground
         server = ServerProcess({tiny_argv(port, "ok")!r},
                                health_url="http://127.0.0.1:{port}/health", name="tiny", log=None)
         code = serve_foreground(server, lambda line: print(line, flush=True))

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from mathagent.serving.process import ServeError, embedded_server, port_in_use
+from mathagent.serving.launchers.process import ServeError, embedded_server, port_in_use
 
 
 def _free_port() -> int:

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from mathagent.config import Settings
-from mathagent.serving.server import EmbeddedServer
+from mathagent.serving.embedded import EmbeddedServer
 
 
 @pytest.fixture(scope="module")

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import socket
+import sys
+from pathlib import Path
+
 import pytest
 
-from mathagent.serving.acceptance import (
-    acceptance_from_stats,
-    read_acceptance,
-    read_iteration_stats,
-)
-from mathagent.serving.process import ServerProcess
+from mathagent.evals.acceptance import acceptance_from_stats, read_acceptance, read_iteration_stats
+from mathagent.serving.launchers.process import ServerProcess
 
-from .conftest import tiny_argv
+TINY_SERVER = Path(__file__).resolve().parents[1] / "serving" / "tiny_server.py"
 
 
 @pytest.fixture
-def metrics_server(port):
+def metrics_server():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+
     def start(mode: str) -> str:
-        server = ServerProcess(
-            tiny_argv(port, mode), health_url=f"http://127.0.0.1:{port}/health", log=None
-        )
+        argv = [sys.executable, str(TINY_SERVER), str(port), mode]
+        server = ServerProcess(argv, health_url=f"http://127.0.0.1:{port}/health", log=None)
         server.__enter__()
         started.append(server)
         return f"http://127.0.0.1:{port}"

@@ -156,6 +156,14 @@ def _check_speculation(preset: ServePreset, spec: Speculation) -> None:
 
 _TIKTOKEN_DIR = "/tmp/harmony-reqs"
 _TIKTOKEN_URL = "https://openaipublic.blob.core.windows.net/encodings/{}.tiktoken"
+# The playbooks' EAGLE-3 setup, shared by gpt-oss and Qwen3 (which also turns chunked prefill off).
+_EAGLE3_OPTIONS = {
+    "enable_attention_dp": False,
+    "disable_overlap_scheduler": False,
+    "enable_autotuner": False,
+    "cuda_graph_max_batch_size": 1,
+}
+_EAGLE3_KV_CACHE = KvCache(free_gpu_memory_fraction=0.9, enable_block_reuse=False)
 
 PRESETS: dict[str, ServePreset] = {
     p.name: p
@@ -165,13 +173,8 @@ PRESETS: dict[str, ServePreset] = {
             summary="gpt-oss-120b with the long-context EAGLE-3 head, one GPU, batch 1",
             model="openai/gpt-oss-120b",
             max_batch_size=1,
-            options=LlmApiOptions(
-                enable_attention_dp=False,
-                disable_overlap_scheduler=False,
-                enable_autotuner=False,
-                cuda_graph_max_batch_size=1,
-            ),
-            kv_cache=KvCache(free_gpu_memory_fraction=0.9, enable_block_reuse=False),
+            options=LlmApiOptions(**_EAGLE3_OPTIONS),
+            kv_cache=_EAGLE3_KV_CACHE,
             speculation=Speculation(
                 method=Method.eagle3,
                 max_draft_len=5,
@@ -207,14 +210,8 @@ PRESETS: dict[str, ServePreset] = {
             max_num_tokens=1024,
             host="0.0.0.0",
             port=8355,
-            options=LlmApiOptions(
-                enable_attention_dp=False,
-                disable_overlap_scheduler=False,
-                enable_autotuner=False,
-                enable_chunked_prefill=False,
-                cuda_graph_max_batch_size=1,
-            ),
-            kv_cache=KvCache(free_gpu_memory_fraction=0.9, enable_block_reuse=False),
+            options=LlmApiOptions(**_EAGLE3_OPTIONS, enable_chunked_prefill=False),
+            kv_cache=_EAGLE3_KV_CACHE,
             speculation=Speculation(
                 method=Method.eagle3,
                 max_draft_len=3,

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import yaml
 
-from mathagent.serving import container
-from mathagent.serving.plan import LaunchPlan, Step, health_url
-from mathagent.serving.presets import Method, ServePreset
+from mathagent.serving.launchers import ngc
+from mathagent.serving.launchers.plan import LaunchPlan, Step, health_url
+from mathagent.serving.launchers.presets import Method, ServePreset
 
 YAML_NAME = "extra-llm-api-config.yml"
 HOSTFILE_NAME = "openmpi-hostfile"
@@ -276,7 +276,7 @@ def plan(
         )
         result.notes.append("ReDrafter exists only on TensorRT-LLM's engine path (trtllm-build)")
     if launcher == "docker":
-        return container.dockerize(result, image or container.IMAGES[family.value], out)
+        return ngc.dockerize(result, image or ngc.IMAGES[family.value], out)
     return result
 
 

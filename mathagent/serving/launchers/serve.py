@@ -14,10 +14,10 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from mathagent.serving import sglang, trtllm, vllm
-from mathagent.serving.plan import LaunchPlan, run_steps, server_process
-from mathagent.serving.presets import Method, ServePreset, get_preset
-from mathagent.serving.process import ServeError, install_hint, serve_foreground
+from mathagent.serving.launchers import sglang, trtllm, vllm
+from mathagent.serving.launchers.plan import LaunchPlan, run_steps, server_process
+from mathagent.serving.launchers.presets import Method, ServePreset, get_preset
+from mathagent.serving.launchers.process import ServeError, install_hint, serve_foreground
 
 
 class ServeRequest(BaseModel):
