@@ -19,7 +19,6 @@ import statistics
 import sys
 import time
 from collections import Counter
-from contextlib import AsyncExitStack
 from pathlib import Path
 
 import httpx
@@ -27,9 +26,9 @@ import uvicorn
 
 from mathagent.agent.answer import normalize
 from mathagent.agent.api import create_app
-from mathagent.agent.solver import SolveOptions, Solver, build_solver
+from mathagent.agent.solver import SolveOptions, Solver
 from mathagent.config import Settings
-from mathagent.sandbox import open_sandbox
+from mathagent.runtime import open_solver
 
 DATASET = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "gsm8k_test.jsonl"
 LOAD_PROBLEM, LOAD_ANSWER = "What is 17 * 23 + 5?", "396"
@@ -115,15 +114,11 @@ async def main(args: argparse.Namespace) -> dict:
     settings = Settings()
     settings.agent.max_concurrency = max(settings.agent.max_concurrency, args.concurrency)
     settings.sandbox.max_sessions = max(settings.sandbox.max_sessions, args.concurrency)
-    async with AsyncExitStack() as stack:
-        base_url, model = args.base_url or settings.base_url, settings.model or args.model
-        if base_url is None:
-            from mathagent.serving.server import EmbeddedServer
-
-            server = stack.enter_context(EmbeddedServer(settings))
-            base_url, model = server.base_url, server.model_name
-        sandbox = await stack.enter_async_context(open_sandbox(settings))
-        solver = build_solver(settings, base_url, model, sandbox)
+    base_url = args.base_url or settings.base_url
+    model = (settings.model or args.model) if base_url else settings.model
+    settings = settings.model_copy(update={"base_url": base_url, "model": model})
+    async with open_solver(settings, tools=True, concurrent_rows=args.concurrency) as rt:
+        solver, base_url, model = rt.solver, rt.base_url, rt.model
         split = None
         if args.problems:
             split = await split_wall_time(solver, load_problems(args.problems), args.max_tokens)

@@ -107,7 +107,7 @@ def server_aggregate(
     """Aggregate generated tokens/s with 1 and 8 concurrent requests through ``mathagent serve``,
     run as its own process the way users run it (its engine thread alone owns torch's threads).
     Every request sends the same prompt, so with prefix caching all but the first reuse it."""
-    from mathagent.serving.process import ServerProcess
+    from mathagent.serving.launchers.process import ServerProcess
 
     settings = {**config, "device": "cpu", "max_batch_size": 8, "max_seq_len": 1024}
     settings |= {"threads": threads, "prefix_caching": str(prefix_caching).lower()}

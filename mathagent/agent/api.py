@@ -13,6 +13,7 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.sse import EventSourceResponse, format_sse_event
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mathagent.agent.result import SolveResult
@@ -131,17 +132,17 @@ def create_app(solver: Solver, settings: Settings) -> FastAPI:
         """Server-sent events: text, tool_call, tool_result, answer, done (per sample), result."""
         opts = options(req)
         gate.enter()
-        return StreamingResponse(
-            _sse(solver, req.problem, opts, gate), media_type="text/event-stream"
-        )
+        return EventSourceResponse(_sse(solver, req.problem, opts, gate))
 
     return app
 
 
-async def _sse(solver: Solver, problem: str, opts: SolveOptions, gate: _Gate) -> AsyncIterator[str]:
+async def _sse(
+    solver: Solver, problem: str, opts: SolveOptions, gate: _Gate
+) -> AsyncIterator[bytes]:
     try:
         async with aclosing(solver.stream(problem, opts)) as events:
             async for event in events:
-                yield f"event: {event.type}\ndata: {event.model_dump_json()}\n\n"
+                yield format_sse_event(event=event.type, data_str=event.model_dump_json())
     finally:
         gate.leave()

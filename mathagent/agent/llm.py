@@ -19,6 +19,7 @@ import httpx
 import openai
 
 from mathagent.agent.prompts import ChatTemplate, Message
+from mathagent.agent.retry import wait_to_retry
 from mathagent.config import AgentSettings
 
 # vLLM reports which stop string ended a completion; others omit the field.
@@ -98,8 +99,8 @@ class LLM:
         """Yield text chunks, then one :class:`Finish`; retry failures, resuming mid-text."""
         partial, spent, prompt_tokens, last = "", 0, 0, ""
         for attempt in range(self.retries + 1):
-            if attempt:
-                await self._backoff(attempt, deadline)
+            if attempt and not await wait_to_retry(attempt, self.backoff_s, deadline):
+                raise DeadlineExceeded
             budget = params.max_tokens - spent
             if budget <= 0:
                 yield Finish("length", prompt_tokens=prompt_tokens, completion_tokens=spent)
@@ -122,12 +123,6 @@ class LLM:
                 # A failed attempt still cost its streamed tokens (one chunk ~ one token).
                 spent += chunks
         raise LLMError(f"model endpoint failed after {self.retries + 1} attempts: {last}")
-
-    async def _backoff(self, attempt: int, deadline: float) -> None:
-        delay = self.backoff_s * 2 ** (attempt - 1)
-        if asyncio.get_running_loop().time() + delay >= deadline:
-            raise DeadlineExceeded
-        await asyncio.sleep(delay)
 
     async def _attempt(
         self, conv: Conversation, generation: str, params: GenParams, deadline: float
@@ -229,29 +224,26 @@ def open_llm(
     model: str,
     settings: AgentSettings,
     api_key: str = "EMPTY",
-    tokenizer: str | None = None,
+    chat_template: ChatTemplate | None = None,
 ) -> LLM:
-    """An :class:`LLM` for an endpoint, in completions mode when a chat template is found.
+    """An :class:`LLM` for an endpoint: completions mode with a chat template, else chat.
 
-    The template comes from ``settings.tokenizer``, else ``tokenizer`` (the CLI passes the
-    embedded model's path), else the served model name if it is a local folder or cached.
+    The caller finds the template (the runtime: the engine's own tokenizer, or local files);
+    ``api_mode`` ``completions`` without one is an error, ``chat`` ignores it.
     """
-    template = None
-    if settings.api_mode != "chat":
-        source = settings.tokenizer or tokenizer or model
-        try:
-            template = ChatTemplate.load(source)
-        except (OSError, ValueError) as exc:
-            if settings.api_mode == "completions":
-                raise LLMError(f"no chat template for {source!r}: {exc}") from exc
+    mode = settings.api_mode
+    if mode == "completions" and chat_template is None:
+        raise LLMError(f"completions mode needs the chat template of {model!r}")
+    if mode == "auto":
+        mode = "completions" if chat_template is not None else "chat"
     client = openai.AsyncOpenAI(
         base_url=base_url, api_key=api_key, max_retries=0, timeout=settings.request_timeout_s
     )
     return LLM(
         client,
         model,
-        chat_template=template,
-        mode="completions" if template is not None else "chat",
+        chat_template=chat_template if mode == "completions" else None,
+        mode=mode,
         request_timeout_s=settings.request_timeout_s,
         retries=settings.retries,
         backoff_s=settings.backoff_s,

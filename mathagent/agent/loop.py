@@ -29,6 +29,7 @@ from mathagent.agent.formats import ChunkSplitter, CodeFormat, feedback_text
 from mathagent.agent.llm import LLM, NOT_REPORTED, DeadlineExceeded, Finish, GenParams, LLMError
 from mathagent.agent.prompts import PromptTemplate
 from mathagent.agent.result import SampleResult, Timing, ToolCall, Usage
+from mathagent.agent.retry import wait_to_retry
 from mathagent.sandbox.base import ExecResult, Sandbox
 
 # How long past its own time limit a sandbox call may take before the loop gives up on it.
@@ -240,11 +241,9 @@ class SampleLoop:
                 try:
                     return await self._execute_once(code)
                 except SandboxFailure:
-                    delay = p.backoff_s * 2**attempt
-                    late = asyncio.get_running_loop().time() + delay >= self.deadline
-                    if attempt == p.sandbox_retries or late:
+                    last = attempt == p.sandbox_retries
+                    if last or not await wait_to_retry(attempt + 1, p.backoff_s, self.deadline):
                         raise
-                    await asyncio.sleep(delay)
             raise AssertionError("unreachable")
         finally:
             self._sandbox_s += time.perf_counter() - started

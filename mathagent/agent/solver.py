@@ -12,17 +12,16 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from mathagent.agent.answer import normalize
 from mathagent.agent.events import DoneEvent, Event, ResultEvent
-from mathagent.agent.llm import LLM, open_llm
+from mathagent.agent.llm import LLM
 from mathagent.agent.loop import SampleLoop, SampleParams
 from mathagent.agent.prompts import select_template
 from mathagent.agent.result import SampleResult, SolveResult, Timing, ToolCall, Usage
-from mathagent.config import DEFAULT_MODEL_NAME, AgentSettings, Settings
+from mathagent.config import AgentSettings
 from mathagent.sandbox.base import Sandbox
 
 # The solver waits this long past the budget for samples to wind down before cancelling them.
@@ -199,26 +198,3 @@ def _combine(samples: list[SampleResult], wall_s: float) -> SolveResult:
         timing=timing,
         error=errors[0] if errors and len(errors) == len(samples) else None,
     )
-
-
-def build_solver(
-    settings: Settings,
-    base_url: str,
-    model: str,
-    sandbox: Sandbox | None,
-    tokenizer: str | None = None,
-) -> Solver:
-    """A :class:`Solver` for an endpoint: the one place that finds the chat template.
-
-    ``tokenizer`` (a folder, ``.gguf`` file or cached name) wins; else the configured model
-    path; else, for the default model, the fetched GGUF in the model cache.
-    """
-    if tokenizer is None and settings.agent.tokenizer is None:
-        if settings.model and Path(settings.model).expanduser().exists():
-            tokenizer = settings.model
-        elif model == DEFAULT_MODEL_NAME:
-            from mathagent.model_store import default_gguf_path
-
-            tokenizer = str(default_gguf_path(settings.model_dir))
-    llm = open_llm(base_url, model, settings.agent, settings.llm_api_key, tokenizer)
-    return Solver(llm, sandbox, settings.agent)

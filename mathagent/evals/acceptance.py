@@ -9,6 +9,10 @@ its ``*acceptance_length`` gauge, from which the forwards are recovered). Tensor
 ``trtllm-serve`` answers JSON: the iteration stats since the last call, each with
 ``specDecodingStats`` {numAcceptedTokens, numRequestsWithDraftTokens, ...}; those are drained
 by every read, so the meter polls them while the run goes on and sums them.
+
+TensorRT-LLM's pytorch backend keeps those stats only with ``enable_iter_perf_stats: true`` in
+the LLM API YAML (``mathagent serve --iter-stats``). :func:`read_acceptance` is the one-shot
+reading: the iterations since the previous read, so call it after the workload.
 """
 
 from __future__ import annotations
@@ -20,8 +24,6 @@ import re
 from dataclasses import dataclass
 
 import httpx
-
-from mathagent.serving.acceptance import acceptance_from_stats
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 
@@ -81,21 +83,86 @@ _COUNTERS = (
 )
 
 
+@dataclass(frozen=True)
+class Acceptance:
+    """TensorRT-LLM speculation totals over the iterations that drafted anything."""
+
+    iterations: int
+    drafted: int
+    accepted: int
+    requests: int  # request-steps with at least one draft token
+
+    @property
+    def tokens(self) -> int:
+        """Tokens produced: each request-step is one target forward giving 1 + its accepted."""
+        return self.accepted + self.requests
+
+    @property
+    def acceptance_length(self) -> float:
+        """Tokens produced per target forward per request: 1 + accepted drafts per step."""
+        return self.tokens / self.requests
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def acceptance_from_stats(stats: list[dict | str]) -> Acceptance | None:
+    """Sum ``specDecodingStats`` over iteration stats; ``None`` when nothing was drafted."""
+    iterations = drafted = accepted = requests = 0
+    for entry in stats:
+        # Some versions queue each iteration as a JSON string rather than an object.
+        item = json.loads(entry) if isinstance(entry, str) else entry
+        spec = item.get("specDecodingStats") if isinstance(item, dict) else None
+        if not spec or int(spec.get("numDraftTokens", 0)) <= 0:
+            continue
+        iterations += 1
+        drafted += int(spec["numDraftTokens"])
+        accepted += int(spec.get("numAcceptedTokens", 0))
+        requests += int(spec.get("numRequestsWithDraftTokens", 0))
+    if iterations == 0 or requests == 0:
+        return None
+    return Acceptance(iterations, drafted, accepted, requests)
+
+
 def parse_trtllm(stats: object) -> SpecCounters | None:
     """Acceptance counters summed over TensorRT-LLM iteration stats (a JSON list)."""
     if not isinstance(stats, list):
         return None
     found = acceptance_from_stats(stats)
-    if found is None:
-        return None
-    # Each request-step with drafts is one target forward yielding 1 + its accepted tokens.
-    return SpecCounters(found.accepted + found.requests, found.requests)
+    return None if found is None else SpecCounters(found.tokens, found.requests)
 
 
 def metrics_url(base_url: str) -> str:
     """The server's /metrics address from its OpenAI base URL (with or without /v1)."""
     root = base_url.rstrip("/").removesuffix("/v1")
     return f"{root}/metrics"
+
+
+def read_iteration_stats(base_url: str, timeout_s: float = 10.0) -> list[dict | str]:
+    """TensorRT-LLM's ``GET /metrics`` as a list (``base_url`` with or without ``/v1``)."""
+    url = metrics_url(base_url)
+    response = httpx.get(url, timeout=timeout_s)
+    response.raise_for_status()
+    data = response.json()
+    if not isinstance(data, list):
+        raise ValueError(f"{url} did not return TensorRT-LLM iteration stats (a list)")
+    return data
+
+
+def read_acceptance(base_url: str, timeout_s: float = 10.0) -> float | None:
+    """Mean acceptance length since the last read, or ``None`` when the server drafted nothing.
+
+    ``None`` also when the server has no iteration stats (not TensorRT-LLM, or
+    ``enable_iter_perf_stats`` off); network errors propagate.
+    """
+    try:
+        stats = read_iteration_stats(base_url, timeout_s)
+    except (ValueError, httpx.HTTPStatusError):
+        return None
+    found = acceptance_from_stats(stats)
+    return None if found is None else found.acceptance_length
 
 
 class AcceptanceMeter:

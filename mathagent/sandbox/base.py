@@ -50,9 +50,13 @@ class ExecRequest(BaseModel):
 
 
 class Sandbox(ABC):
-    """Runs Python cells in stateful, isolated sessions."""
+    """Runs Python cells in stateful, isolated sessions.
 
-    @abstractmethod
+    Backends implement :meth:`execute_request`; :meth:`execute` validates its arguments as an
+    :class:`ExecRequest` first (a ``ValueError`` when one is out of range), so every backend
+    takes the same request the HTTP service does.
+    """
+
     async def execute(
         self,
         code: str,
@@ -61,6 +65,14 @@ class Sandbox(ABC):
         max_output_chars: int = 1000,
     ) -> ExecResult:
         """Run ``code`` in ``session_id`` (a new session when None) and return the result."""
+        req = ExecRequest(
+            code=code, session_id=session_id, timeout=timeout, max_output_chars=max_output_chars
+        )
+        return await self.execute_request(req)
+
+    @abstractmethod
+    async def execute_request(self, req: ExecRequest) -> ExecResult:
+        """Run one validated request."""
 
     @abstractmethod
     async def close_session(self, session_id: str) -> None:

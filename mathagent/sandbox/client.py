@@ -22,16 +22,7 @@ class SandboxClient(Sandbox):
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
 
-    async def execute(
-        self,
-        code: str,
-        session_id: str | None = None,
-        timeout: float = 10.0,
-        max_output_chars: int = 1000,
-    ) -> ExecResult:
-        req = ExecRequest(
-            code=code, session_id=session_id, timeout=timeout, max_output_chars=max_output_chars
-        )
+    async def execute_request(self, req: ExecRequest) -> ExecResult:
         try:
             response = await self._http.post(
                 "/execute",

@@ -115,16 +115,7 @@ class ContainerPool(Sandbox):
             "sessions": len(self._sessions),
         }
 
-    async def execute(
-        self,
-        code: str,
-        session_id: str | None = None,
-        timeout: float = 10.0,
-        max_output_chars: int = 1000,
-    ) -> ExecResult:
-        req = ExecRequest(
-            code=code, session_id=session_id, timeout=timeout, max_output_chars=max_output_chars
-        )
+    async def execute_request(self, req: ExecRequest) -> ExecResult:
         if req.timeout > self.settings.max_timeout_s:
             raise ValueError(f"timeout must be at most {self.settings.max_timeout_s:g} s")
         await self.start()
@@ -160,11 +151,7 @@ class ContainerPool(Sandbox):
             except BaseException:
                 self._sessions.pop(session.id, None)
                 raise
-        payload = {
-            "code": req.code,
-            "timeout": req.timeout,
-            "max_output_chars": req.max_output_chars,
-        }
+        payload = req.model_dump(exclude={"session_id"})
         deadline = req.timeout + self.settings.kill_grace_s
         try:
             reply = await session.container.call(payload, deadline)

@@ -64,9 +64,7 @@ def create_app(settings: SandboxSettings, pool: ContainerPool | None = None) -> 
         except ValidationError as exc:
             raise _BadRequest(422, _describe(exc.errors())) from None
         try:
-            result = await pool.execute(
-                req.code, req.session_id, float(req.timeout), req.max_output_chars
-            )
+            result = await pool.execute_request(req)
         except SandboxBusy as exc:
             raise _BadRequest(429, str(exc)) from None
         except ValueError as exc:

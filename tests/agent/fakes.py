@@ -129,24 +129,17 @@ class FakeSandbox(Sandbox):
         self.closed: list[str] = []
         self.hang = hang
 
-    async def execute(self, code, session_id=None, timeout=10.0, max_output_chars=1000):
-        self.calls.append(
-            {
-                "code": code,
-                "session_id": session_id,
-                "timeout": timeout,
-                "max_output_chars": max_output_chars,
-            }
-        )
+    async def execute_request(self, req):
+        self.calls.append(req.model_dump())
         if self.hang:
             await asyncio.sleep(3600)
-        sid = session_id or f"s{len(self.calls)}"
+        sid = req.session_id or f"s{len(self.calls)}"
         if self.results:
             res = self.results.pop(0)
             if isinstance(res, Exception):
                 raise res
             return res.model_copy(update={"session_id": sid})
-        out = _eval_print(code)
+        out = _eval_print(req.code)
         return ExecResult(status=ExecStatus.completed, stdout=out, session_id=sid)
 
     async def close_session(self, session_id):

@@ -14,9 +14,9 @@ import pytest
 import uvicorn
 
 from mathagent.agent.api import create_app
-from mathagent.agent.solver import SolveOptions, Solver, build_solver
+from mathagent.agent.solver import SolveOptions, Solver
 from mathagent.config import AgentSettings, SandboxSettings, Settings
-from mathagent.sandbox import open_sandbox
+from mathagent.runtime import open_solver
 
 pytestmark = [pytest.mark.docker, pytest.mark.model]
 
@@ -38,26 +38,22 @@ def _settings() -> Settings:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[object]:
-    from mathagent.serving.server import EmbeddedServer
+    from mathagent.serving.embedded import EmbeddedServer
 
     with EmbeddedServer(_settings(), port=0) as srv:
         yield srv
 
 
-async def _solver(server, tools: bool = True):
-    settings = _settings()
-    sandbox = open_sandbox(settings) if tools else None
-    if sandbox is not None:
-        await sandbox.start()
-    return build_solver(settings, server.base_url, server.model_name, sandbox), sandbox
+def _at(server, settings: Settings | None = None) -> Settings:
+    """Settings that point the runtime at the module's embedded server."""
+    settings = settings or _settings()
+    return settings.model_copy(update={"base_url": server.base_url, "model": server.model_name})
 
 
 async def test_tools_turn_a_wrong_answer_right(server):
-    solver, sandbox = await _solver(server)
-    try:
+    async with open_solver(_at(server), tools=True) as rt:
+        solver = rt.solver
         result = await solver.solve(PROBLEM)
-    finally:
-        await sandbox.aclose()
     assert result.answer == "396"
     (sample,) = result.samples
     assert sample.generation == TRANSCRIPT
@@ -68,11 +64,9 @@ async def test_tools_turn_a_wrong_answer_right(server):
 
 
 async def test_tools_off_runs_no_code(server):
-    settings = _settings()
-    async with open_sandbox(settings) as sandbox:
-        solver = build_solver(settings, server.base_url, server.model_name, sandbox)
-        result = await solver.solve(PROBLEM, SolveOptions(tools=False))
-        assert sandbox.stats()["sessions"] == 0
+    async with open_solver(_at(server), tools=True) as rt:
+        result = await rt.solver.solve(PROBLEM, SolveOptions(tools=False))
+        assert rt.solver.sandbox.stats()["sessions"] == 0
     assert result.tool_calls == [] and "<tool_call>" not in result.samples[0].generation
     assert result.answer is not None and result.answer != "396"  # the model alone gets it wrong
 
@@ -81,8 +75,8 @@ async def test_chat_mode_also_solves(server):
     settings = _settings()
     settings.agent.api_mode = "chat"
     settings.agent.max_tokens = 64  # after its tool call the model may ramble in a new turn
-    async with open_sandbox(settings) as sandbox:
-        solver = build_solver(settings, server.base_url, server.model_name, sandbox)
+    async with open_solver(_at(server, settings), tools=True) as rt:
+        solver = rt.solver
         result = await solver.solve(PROBLEM)
     assert solver.llm.mode == "chat"
     assert [c.stdout for c in result.tool_calls] == ["396\n"]
@@ -102,9 +96,8 @@ async def _serve(solver: Solver, settings: Settings):
 async def test_solve_over_real_http(server):
     settings = _settings()
     settings.api_key = "k"
-    async with open_sandbox(settings) as sandbox:
-        solver = build_solver(settings, server.base_url, server.model_name, sandbox)
-        http, task, url = await _serve(solver, settings)
+    async with open_solver(_at(server, settings), tools=True) as rt:
+        http, task, url = await _serve(rt.solver, settings)
         try:
             async with httpx.AsyncClient(base_url=url, timeout=300) as c:
                 auth = {"Authorization": "Bearer k"}

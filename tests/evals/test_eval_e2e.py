@@ -38,7 +38,7 @@ ENV = {
 
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
-    from mathagent.serving.server import EmbeddedServer
+    from mathagent.serving.embedded import EmbeddedServer
 
     settings = Settings(base_url=None, model=None, engine=EngineSettings(threads=2))
     with EmbeddedServer(settings, port=0) as server:

@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from mathagent.config import Settings
-from mathagent.serving.server import EmbeddedServer
+from mathagent.serving.embedded import EmbeddedServer
 
 PROMPT = "1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"
 

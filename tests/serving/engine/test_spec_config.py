@@ -52,7 +52,7 @@ def test_the_embedded_engine_refuses_eagle3_clearly():
 
 def test_the_parser_needs_no_torch():
     code = (
-        "import sys; import mathagent.serving.engine.spec_config, mathagent.serving.launch; "
+        "import sys; import mathagent.serving.engine.spec_config, mathagent.serving.launchers.serve; "
         "print('torch' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

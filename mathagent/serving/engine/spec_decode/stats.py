@@ -59,34 +59,6 @@ class SpecStats:
             self.drafted_at[i] += d
             self.accepted_at[i] += a
 
-    def prometheus(self, label: str) -> list[str]:
-        """``/metrics`` lines: drafted and accepted totals, per-position acceptance rates."""
-        lines = [
-            "# HELP mathagent_spec_draft_tokens_total Draft tokens proposed.",
-            "# TYPE mathagent_spec_draft_tokens_total counter",
-            f"mathagent_spec_draft_tokens_total{{{label}}} {self.drafted}",
-            "# HELP mathagent_spec_accepted_tokens_total Draft tokens accepted by verification.",
-            "# TYPE mathagent_spec_accepted_tokens_total counter",
-            f"mathagent_spec_accepted_tokens_total{{{label}}} {self.accepted}",
-            "# HELP mathagent_spec_draft_seconds_total Host time spent drafting.",
-            "# TYPE mathagent_spec_draft_seconds_total counter",
-            f"mathagent_spec_draft_seconds_total{{{label}}} {self.draft_s:.6f}",
-            "# HELP mathagent_spec_verify_seconds_total Host time spent verifying drafts.",
-            "# TYPE mathagent_spec_verify_seconds_total counter",
-            f"mathagent_spec_verify_seconds_total{{{label}}} {self.verify_s:.6f}",
-            "# HELP mathagent_spec_acceptance_length Tokens per target forward of speculative requests.",
-            "# TYPE mathagent_spec_acceptance_length gauge",
-            f"mathagent_spec_acceptance_length{{{label}}} {self.as_dict()['acceptance_length']}",
-            "# HELP mathagent_spec_position_acceptance Acceptance rate at each draft position.",
-            "# TYPE mathagent_spec_position_acceptance gauge",
-        ]
-        rates = self.as_dict()["per_position_acceptance"]
-        lines += [
-            f'mathagent_spec_position_acceptance{{{label},position="{i}"}} {r}'
-            for i, r in enumerate(rates)
-        ]
-        return lines
-
     def as_dict(self) -> dict:
         """JSON form: acceptance length, accepted/drafted and per-position acceptance."""
         return {

@@ -1,0 +1,148 @@
+"""The one composition root: settings in, the wired parts a command needs out.
+
+Every caller that solves problems (``mathagent solve``, ``api``, ``eval``, the benchmarks) gets
+its :class:`~mathagent.agent.solver.Solver` from :func:`open_solver`: the configured endpoint
+or the embedded engine started here, the sandbox when tools are on, and the chat template the
+agent renders prompts with. The sandbox's pool starts warming before the engine loads, so the
+two overlap; the embedded engine's own tokenizer renders the prompts (the agent never searches
+for a tokenizer, and nothing parses the model a second time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mathagent.agent.llm import LLMError, open_llm, served_model
+from mathagent.agent.prompts import ChatTemplate
+from mathagent.agent.solver import Solver
+from mathagent.config import DEFAULT_MODEL_NAME, EngineSettings, Settings
+from mathagent.sandbox import Sandbox, open_sandbox
+
+if TYPE_CHECKING:
+    from mathagent.evals.eval_command import EvalRequest
+
+# Steps of at least this many rows are where the engine's packed CPU weights pay (DESIGN:
+# batched decode and speculative verify); a job with fewer concurrent rows skips packing.
+PACKED_ROWS = 4
+
+
+@dataclass
+class SolverRuntime:
+    """A ready solver and what it talks to."""
+
+    solver: Solver
+    base_url: str
+    model: str
+    embedded: bool
+
+
+def v1_root(base_url: str) -> str:
+    """The OpenAI client wants the ``/v1`` root; users give either form."""
+    root = base_url.rstrip("/")
+    return root if root.endswith("/v1") else f"{root}/v1"
+
+
+def engine_settings_for(engine: EngineSettings, concurrent_rows: int) -> EngineSettings:
+    """The engine settings for a job running ``concurrent_rows`` sequences at once.
+
+    Unless the user set ``pack_weights``, packing (3x the float32 weight memory, ~2 s of load)
+    is on only where the job runs multi-row steps: several sequences, or speculation.
+    """
+    if "pack_weights" in engine.model_fields_set:
+        return engine
+    pack = concurrent_rows >= PACKED_ROWS or engine.speculative != "none"
+    return engine.model_copy(update={"pack_weights": pack})
+
+
+@asynccontextmanager
+async def open_solver(
+    settings: Settings, *, tools: bool, concurrent_rows: int | None = None
+) -> AsyncIterator[SolverRuntime]:
+    """The agent over ``settings.base_url``, or over the embedded engine started here.
+
+    ``concurrent_rows`` (default: the engine's slots) sizes the embedded engine's choices.
+    """
+    async with AsyncExitStack() as stack:
+        sandbox: Sandbox | None = None
+        if tools:
+            sandbox = await stack.enter_async_context(open_sandbox(settings))
+        if settings.base_url is None:
+            rows = concurrent_rows or settings.engine.max_batch_size
+            server = await asyncio.to_thread(_start_embedded, settings, rows)
+            stack.callback(server.__exit__, None, None, None)
+            base_url, model = server.base_url, server.model_name
+            template = ChatTemplate(server.engine.tokenizer) if server.engine.tokenizer else None
+        else:
+            base_url = v1_root(settings.base_url)
+            try:
+                model = settings.model or await served_model(base_url, settings.llm_api_key)
+            except LLMError as exc:
+                raise RuntimeError(f"{exc} (give --model)") from exc
+            template = chat_template_for(settings, model)
+        llm = open_llm(base_url, model, settings.agent, settings.llm_api_key, template)
+        solver = Solver(llm, sandbox, settings.agent)
+        yield SolverRuntime(solver, base_url, model, embedded=settings.base_url is None)
+
+
+def _start_embedded(settings: Settings, rows: int) -> Any:
+    from mathagent.serving.embedded import EmbeddedServer
+
+    engine = engine_settings_for(settings.engine, rows)
+    server = EmbeddedServer(settings.model_copy(update={"engine": engine}), model=settings.model)
+    return server.__enter__()
+
+
+def chat_template_for(settings: Settings, model: str) -> ChatTemplate | None:
+    """The chat template for a model behind an external endpoint, from local files only.
+
+    Looks at ``agent.tokenizer``, then the configured model path, then the default model's
+    cached copy, then ``model`` itself (a folder or a cached Hugging Face name). ``None`` when
+    nothing is found and the API mode allows chat; an error when completions were demanded.
+    """
+    mode = settings.agent.api_mode
+    if mode == "chat":
+        return None
+    source = settings.agent.tokenizer or _local_tokenizer(settings, model) or model
+    try:
+        return ChatTemplate.load(source)
+    except (OSError, ValueError) as exc:
+        if mode == "completions":
+            raise LLMError(f"no chat template for {source!r}: {exc}") from exc
+        return None
+
+
+def _local_tokenizer(settings: Settings, model: str) -> str | None:
+    if settings.model and Path(settings.model).expanduser().exists():
+        return settings.model
+    if model == DEFAULT_MODEL_NAME:
+        from mathagent.model_store import default_gguf_path
+
+        gguf = default_gguf_path(settings.model_dir)
+        converted = gguf.parent / gguf.stem  # the engine's converted copy, when it exists
+        return str(converted if (converted / "tokenizer_config.json").is_file() else gguf)
+    return None
+
+
+async def run_eval(request: EvalRequest, settings: Settings) -> dict[str, Any]:
+    """``mathagent eval``: problems checked first, then the solver, then the resumable run."""
+    from mathagent.evals.eval_command import evaluate, load_problems
+
+    problems = load_problems(request, settings.data_dir)
+    rows = request.concurrency * request.samples
+    async with open_solver(settings, tools=request.tools, concurrent_rows=rows) as rt:
+        agent = settings.agent
+        meta = {
+            "dataset": request.dataset,
+            "tools": request.tools,
+            "model": rt.model,
+            "base_url": "embedded" if rt.embedded else rt.base_url,
+            "temperature": agent.temperature,
+            "max_tokens": agent.max_tokens,
+            "prompt_format": agent.prompt_format,
+        }
+        return await evaluate(request, problems, rt.solver, rt.base_url, meta)

@@ -1,0 +1,79 @@
+"""Starting the embedded engine's OpenAI server: in the foreground, or in a background thread.
+
+The engine is built in its own thread (:meth:`AsyncEngine.launch`), so a caller's process can
+do other work (start a sandbox, say) while the model loads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import uvicorn
+
+from mathagent.config import Settings
+from mathagent.model_store import resolve_model
+from mathagent.serving.engine.async_engine import AsyncEngine
+from mathagent.serving.engine.config import EngineConfig
+from mathagent.serving.engine.llm_engine import LLMEngine
+from mathagent.serving.openai_server import create_app
+
+
+def build_engine(settings: Settings, model: str | None = None) -> LLMEngine:
+    """The embedded engine for ``settings`` (``model`` overrides ``settings.model``)."""
+    spec = resolve_model(model or settings.model, settings.model_dir)
+    config = EngineConfig.from_settings(settings.engine, spec)
+    return LLMEngine(config, settings.model_dir)
+
+
+def serve(settings: Settings, model: str | None, host: str, port: int) -> None:
+    """Run the server in the foreground until interrupted (the engine loads in its thread)."""
+    app = create_app(AsyncEngine.launch(lambda: build_engine(settings, model)))
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+class EmbeddedServer:
+    """The embedded engine's OpenAI server on 127.0.0.1 in a background thread.
+
+    ``with EmbeddedServer(settings) as srv:`` then point an OpenAI client at ``srv.base_url``
+    with model ``srv.model_name``. ``port=0`` picks a free port. The engine is built in its own
+    thread (see :meth:`AsyncEngine.launch`); ``engine`` serves one already built instead.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        model: str | None = None,
+        port: int = 0,
+        engine: LLMEngine | None = None,
+    ) -> None:
+        front = (
+            AsyncEngine(engine)
+            if engine is not None
+            else AsyncEngine.launch(lambda: build_engine(settings, model))
+        )
+        self.engine = front.engine
+        self.model_name = self.engine.model_name
+        config = uvicorn.Config(create_app(front), host="127.0.0.1", port=port, log_level="warning")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="mathagent-server")
+        self.port = port
+
+    @property
+    def base_url(self) -> str:
+        """``http://127.0.0.1:PORT/v1``."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __enter__(self) -> EmbeddedServer:
+        self._thread.start()
+        deadline = time.monotonic() + 60
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the embedded server failed to start")
+            time.sleep(0.02)
+        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)

@@ -1,0 +1,220 @@
+"""OpenAI-compatible HTTP app over the embedded engine (FastAPI + SSE).
+
+The engine steps in its own thread (:class:`AsyncEngine`); handlers only await outputs, so many
+requests share each decode step. A client that goes away mid-request has its request aborted,
+which frees the slot. Starting it: :mod:`mathagent.serving.embedded`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.sse import EventSourceResponse, format_sse_event
+
+from mathagent.serving.engine.async_engine import AsyncEngine
+from mathagent.serving.engine.llm_engine import PromptError
+from mathagent.serving.engine.sequence import RequestOutput
+from mathagent.serving.metrics import ServerMetrics
+from mathagent.serving.protocol import ChatCompletionRequest, CompletionRequest
+
+# One response body from the text so far, the output it came with (None: a usage-only chunk)
+# and the request id.
+Render = Callable[[str, RequestOutput | None, str], dict[str, Any]]
+
+
+def create_app(async_engine: AsyncEngine) -> FastAPI:
+    """The FastAPI app; the engine thread starts (if it has not) and stops with its lifespan."""
+    engine = async_engine.engine
+    metrics = ServerMetrics(engine.model_name)
+    async_engine.on_output.append(metrics.observe)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async_engine.start()
+        yield
+        async_engine.stop()
+
+    app = FastAPI(title="mathagent embedded engine", lifespan=lifespan)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    name, created = engine.model_name, int(time.time())
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": name, "object": "model", "created": created, "owned_by": "mathagent"}
+        return {"object": "list", "data": [{**card, "max_model_len": engine.max_seq_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        render = partial(_completion_body, name)
+        return await _respond(async_engine, request, body.prompt, body, 16, render, "cmpl")
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request) -> Any:
+        if engine.tokenizer is None or not getattr(engine.tokenizer, "chat_template", None):
+            return _error(400, f"model {name} has no chat template; use /v1/completions")
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        prompt = engine.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=body.add_generation_prompt, tokenize=False
+        )
+        render = partial(_chat_body, name, bool(body.stream))
+        return await _respond(
+            async_engine, request, prompt, body, engine.max_seq_len, render, "chatcmpl"
+        )
+
+    return app
+
+
+async def _respond(
+    async_engine: AsyncEngine,
+    request: Request,
+    prompt: str | list[int],
+    body: CompletionRequest | ChatCompletionRequest,
+    default_max: int,
+    render: Render,
+    kind: str,
+) -> Any:
+    """Run one request: a 400 before any byte is sent, then an SSE stream or one JSON body."""
+    rid = f"{kind}-{uuid.uuid4().hex}"
+    try:
+        params = body.sampling_params(default_max)
+        stream = async_engine.generate(prompt, params, rid, stream=bool(body.stream))
+        first = await anext(stream)  # validation errors surface before any bytes are sent
+    except (PromptError, ValueError) as exc:
+        return _error(400, str(exc))
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return EventSourceResponse(_stream_events(first, stream, render, rid, include_usage))
+    collect = asyncio.create_task(_collect(first, stream))
+    watcher = asyncio.create_task(_until_disconnect(request, collect))
+    try:
+        text, last = await collect
+    except asyncio.CancelledError:
+        return _error(499, "client disconnected", "ClientDisconnected")
+    finally:
+        watcher.cancel()
+    return render(text, last, rid)
+
+
+def _completion_body(model: str, text: str, out: RequestOutput | None, rid: str) -> dict[str, Any]:
+    """A ``text_completion`` body (or streamed chunk); the final one carries the totals."""
+    choice = {"index": 0, "text": text, "logprobs": None}
+    choice["finish_reason"] = out.finish_reason if out and out.finished else None
+    resp = {"id": rid, "object": "text_completion", "created": int(time.time()),
+            "model": model, "choices": [choice]}  # fmt: skip
+    if out is not None and out.finished:
+        resp.update(_totals(out))
+    return resp
+
+
+def _chat_body(
+    model: str, stream: bool, text: str, out: RequestOutput | None, rid: str
+) -> dict[str, Any]:
+    """A ``chat.completion`` body, or a ``chat.completion.chunk`` when streaming."""
+    done = out is not None and out.finished
+    finish = out.finish_reason if done and out else None
+    message = {"role": "assistant", "content": text}
+    if stream:
+        choice = {"index": 0, "delta": message, "finish_reason": finish}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "message": message, "finish_reason": finish}
+        obj = "chat.completion"
+    resp = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
+            "choices": [choice]}  # fmt: skip
+    if done and out is not None and not stream:
+        resp.update(_totals(out))
+    return resp
+
+
+def _totals(out: RequestOutput) -> dict[str, Any]:
+    """``usage``, plus ``speculative`` (this request's acceptance) when it speculated."""
+    totals: dict[str, Any] = {"usage": _usage(out)}
+    if out.metrics.speculative is not None:
+        totals["speculative"] = out.metrics.speculative
+    return totals
+
+
+def _usage(out: RequestOutput) -> dict[str, Any]:
+    m = out.metrics
+    return {
+        "prompt_tokens": m.prompt_tokens,
+        "completion_tokens": m.generated_tokens,
+        "total_tokens": m.prompt_tokens + m.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": m.cached_tokens},
+    }
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return JSONResponse(body, status_code=status)
+
+
+async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    """Validation errors as OpenAI's 400 body (FastAPI's default would be a 422)."""
+    parts = [f"{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}" for e in exc.errors()]
+    return _error(400, "; ".join(parts) or "invalid request")
+
+
+def _sse(obj: Any) -> bytes:
+    """One ``data: {json}`` event, as OpenAI's streaming clients parse it."""
+    return format_sse_event(data_str=json.dumps(obj))
+
+
+async def _until_disconnect(request: Request, task: asyncio.Task) -> None:
+    """Cancel ``task`` (and so abort its engine request) when the client goes away."""
+    while not task.done():
+        if await request.is_disconnected():
+            task.cancel()
+            return
+        await asyncio.sleep(0.2)
+
+
+async def _collect(first: RequestOutput, rest: AsyncIterator[RequestOutput]) -> tuple[str, Any]:
+    text, last = first.delta_text, first
+    try:
+        async for out in rest:
+            text, last = text + out.delta_text, out
+    finally:
+        await rest.aclose()  # on cancellation this aborts the engine request
+    return text, last
+
+
+async def _stream_events(
+    first: RequestOutput,
+    rest: AsyncIterator[RequestOutput],
+    render: Render,
+    rid: str,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    """SSE chunks: one per output with text or an end, a usage chunk if asked, ``[DONE]``."""
+    out: RequestOutput | None = first
+    try:
+        while out is not None:
+            if out.delta_text or out.finished:
+                yield _sse(render(out.delta_text, out, rid))
+            if out.finished:
+                if include_usage:
+                    yield _sse({**render("", None, rid), "choices": [], "usage": _usage(out)})
+                break
+            out = await anext(rest, None)
+        yield format_sse_event(data_str="[DONE]")
+    finally:
+        await rest.aclose()  # a client disconnect lands here and aborts the request

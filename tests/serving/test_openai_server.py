@@ -1,0 +1,188 @@
+"""The OpenAI client against a real uvicorn server over the real engine."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from mathagent.config import Settings
+from mathagent.serving.embedded import EmbeddedServer
+
+
+@pytest.fixture(scope="module")
+def reference(engine):
+    """Direct engine output, computed before the server thread owns the engine."""
+    from mathagent.serving.engine.sampling_params import SamplingParams
+
+    (res,) = engine.generate(
+        ["The capital of France is"], SamplingParams(max_tokens=12, temperature=0)
+    )
+    return res
+
+
+@pytest.fixture(scope="module")
+def base_url(engine, reference):
+    with EmbeddedServer(Settings(), engine=engine) as server:
+        yield server.base_url.removesuffix("/v1")
+
+
+@pytest.fixture
+def client(base_url):
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="EMPTY", max_retries=0)
+
+
+def test_models_and_health(client, base_url, engine):
+    assert [m.id for m in client.models.list().data] == [engine.model_name]
+    assert httpx.get(f"{base_url}/health").json() == {"status": "ok"}
+
+
+def test_completion_matches_engine(client, engine, reference):
+    resp = client.completions.create(
+        model=engine.model_name, prompt="The capital of France is", max_tokens=12, temperature=0
+    )
+    assert resp.choices[0].text == reference.text
+    assert resp.usage.completion_tokens == len(reference.token_ids)
+    assert resp.choices[0].finish_reason in ("stop", "length")
+
+
+def test_usage_reports_prompt_tokens_reused_from_another_request(client):
+    prompt = "Question: a farmer has 17 sheep and buys 5 more. How many sheep now?\nAnswer:"
+    first, again = (
+        client.completions.create(model="x", prompt=prompt, max_tokens=2, temperature=0)
+        for _ in range(2)
+    )
+    assert first.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens - 1
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
+
+
+def test_completion_token_ids_and_stream(client, engine):
+    ids = engine.tokenizer.encode("1 + 1 =", add_special_tokens=False)
+    plain = client.completions.create(model="x", prompt=ids, max_tokens=10, temperature=0)
+    chunks = list(
+        client.completions.create(
+            model="x",
+            prompt="1 + 1 =",
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == plain.choices[0].text
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+
+
+def test_chat_plain_and_stream(client):
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    resp = client.chat.completions.create(
+        model="x", messages=messages, max_tokens=16, temperature=0
+    )
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.choices[0].message.content
+    assert resp.usage.prompt_tokens > 10
+    stream = client.chat.completions.create(
+        model="x", messages=messages, max_tokens=16, temperature=0, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == resp.choices[0].message.content
+
+
+def test_stop_string_and_seed(client):
+    kw = dict(model="x", prompt="Count: 1, 2, 3,", max_tokens=20, temperature=0)
+    full = client.completions.create(**kw).choices[0].text
+    assert " 5" in full
+    cut = client.completions.create(**kw, stop=[" 5"])
+    assert cut.choices[0].text == full[: full.index(" 5")]
+    assert cut.choices[0].finish_reason == "stop"
+    kept = client.completions.create(
+        **kw, stop=" 5", extra_body={"include_stop_str_in_output": True}
+    )
+    assert kept.choices[0].text == full[: full.index(" 5") + 2]
+    sampled = dict(model="x", prompt="Once upon a time", max_tokens=12, temperature=1.0, seed=7)
+    a = client.completions.create(**sampled, extra_body={"top_k": 50}).choices[0].text
+    b = client.completions.create(**sampled, extra_body={"top_k": 50}).choices[0].text
+    assert a == b
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": "hi", "temperature": -1},
+        {"prompt": "hi", "top_p": 0},
+        {"prompt": "hi", "max_tokens": 0},
+        {"prompt": "hi", "n": 2},
+        {"prompt": ""},
+        {"prompt": [10**9]},
+        {"prompt": "hi", "stop": [""]},
+        {"prompt": "word " * 1200},
+        {},
+    ],
+)
+def test_bad_input_is_400(base_url, body):
+    resp = httpx.post(f"{base_url}/v1/completions", json={"model": "x", **body}, timeout=60)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["message"]
+
+
+def test_too_long_prompt_names_limits(base_url, engine):
+    resp = httpx.post(f"{base_url}/v1/completions", json={"prompt": "word " * 1200}, timeout=60)
+    assert str(engine.max_seq_len) in resp.json()["error"]["message"]
+
+
+def test_disconnect_frees_slot(base_url, engine):
+    body = {"prompt": "Once upon a time", "max_tokens": 900, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=60) as resp:
+        lines = resp.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        assert len(engine.scheduler.free) < engine.config.max_batch_size
+    deadline = time.monotonic() + 30
+    while len(engine.scheduler.free) < engine.config.max_batch_size:
+        assert time.monotonic() < deadline, "the slot was not freed after the disconnect"
+        time.sleep(0.1)
+    assert not engine.has_unfinished()
+
+
+def test_metrics(base_url):
+    text = httpx.get(f"{base_url}/metrics").text
+    assert "mathagent_requests_total" in text
+    assert "mathagent_time_to_first_token_seconds_count" in text
+    assert "mathagent_decode_tokens_per_second" in text
+
+
+def test_embedded_server_default_model(clean_env):
+    settings = Settings()
+    settings.engine.device, settings.engine.max_seq_len = "cpu", 512
+    with EmbeddedServer(settings) as srv:
+        assert srv.model_name == "SmolLM2-135M-Instruct"
+        client = openai.OpenAI(base_url=srv.base_url, api_key="EMPTY", max_retries=0)
+        out = client.completions.create(model=srv.model_name, prompt="2 + 2 =", max_tokens=4)
+        assert out.usage.completion_tokens >= 1
+
+
+async def test_async_engine_coalesces_a_non_streaming_request():
+    # its own small engine: the module's engine is stepped by the server's engine thread
+    from mathagent.config import EngineSettings
+    from mathagent.serving.engine.async_engine import AsyncEngine
+    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.llm_engine import LLMEngine
+    from mathagent.serving.engine.sampling_params import SamplingParams
+
+    settings = EngineSettings(device="cpu", dtype="float32", max_batch_size=2, max_seq_len=128)
+    config = EngineConfig.from_settings(settings, model="random:tiny")
+    front = AsyncEngine(LLMEngine(config, Settings().model_dir))
+    front.start()
+    try:
+        params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+        streamed = [o async for o in front.generate([1, 2, 3], params, stream=True)]
+        whole = [o async for o in front.generate([1, 2, 3], params, stream=False)]
+    finally:
+        front.stop()
+    assert len(streamed) == 12
+    assert len(whole) == 2  # the first token (time to first token), then the rest at once
+    assert whole[-1].finished and whole[-1].finish_reason == "length"
+    ids = [t for o in whole for t in o.delta_token_ids]
+    assert ids == [t for o in streamed for t in o.delta_token_ids]
