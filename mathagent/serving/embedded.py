@@ -8,50 +8,37 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import uvicorn
 
-from mathagent.config import Settings
-from mathagent.model_store import resolve_model
 from mathagent.serving.engine.async_engine import AsyncEngine
-from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.openai_server import create_app
 
-
-def build_engine(settings: Settings, model: str | None = None) -> LLMEngine:
-    """The embedded engine for ``settings`` (``model`` overrides ``settings.model``)."""
-    spec = resolve_model(model or settings.model, settings.model_dir)
-    config = EngineConfig.from_settings(settings.engine, spec)
-    return LLMEngine(config, settings.model_dir)
+# What builds the engine, called in the engine's own thread (the runtime makes these).
+EngineBuilder = Callable[[], LLMEngine]
 
 
-def serve(settings: Settings, model: str | None, host: str, port: int) -> None:
-    """Run the server in the foreground until interrupted (the engine loads in its thread)."""
-    app = create_app(AsyncEngine.launch(lambda: build_engine(settings, model)))
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+def _front(engine: LLMEngine | EngineBuilder) -> AsyncEngine:
+    return AsyncEngine(engine) if isinstance(engine, LLMEngine) else AsyncEngine.launch(engine)
+
+
+def serve(engine: LLMEngine | EngineBuilder, host: str, port: int) -> None:
+    """Run the server in the foreground until interrupted (a builder runs in the engine thread)."""
+    uvicorn.run(create_app(_front(engine)), host=host, port=port, log_level="warning")
 
 
 class EmbeddedServer:
     """The embedded engine's OpenAI server on 127.0.0.1 in a background thread.
 
-    ``with EmbeddedServer(settings) as srv:`` then point an OpenAI client at ``srv.base_url``
-    with model ``srv.model_name``. ``port=0`` picks a free port. The engine is built in its own
-    thread (see :meth:`AsyncEngine.launch`); ``engine`` serves one already built instead.
+    ``with EmbeddedServer(build) as srv:`` then point an OpenAI client at ``srv.base_url``
+    with model ``srv.model_name``. ``port=0`` picks a free port. A builder is called in the
+    engine's own thread (see :meth:`AsyncEngine.launch`); an engine already built is served as is.
     """
 
-    def __init__(
-        self,
-        settings: Settings,
-        model: str | None = None,
-        port: int = 0,
-        engine: LLMEngine | None = None,
-    ) -> None:
-        front = (
-            AsyncEngine(engine)
-            if engine is not None
-            else AsyncEngine.launch(lambda: build_engine(settings, model))
-        )
+    def __init__(self, engine: LLMEngine | EngineBuilder, port: int = 0) -> None:
+        front = _front(engine)
         self.engine = front.engine
         self.model_name = self.engine.model_name
         config = uvicorn.Config(create_app(front), host="127.0.0.1", port=port, log_level="warning")

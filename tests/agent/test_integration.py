@@ -38,9 +38,10 @@ def _settings() -> Settings:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[object]:
+    from mathagent.runtime import engine_builder
     from mathagent.serving.embedded import EmbeddedServer
 
-    with EmbeddedServer(_settings(), port=0) as srv:
+    with EmbeddedServer(engine_builder(_settings()), port=0) as srv:
         yield srv
 
 

@@ -38,10 +38,11 @@ ENV = {
 
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
+    from mathagent.runtime import engine_builder
     from mathagent.serving.embedded import EmbeddedServer
 
     settings = Settings(base_url=None, model=None, engine=EngineSettings(threads=2))
-    with EmbeddedServer(settings, port=0) as server:
+    with EmbeddedServer(engine_builder(settings), port=0) as server:
         yield server.base_url
 
 

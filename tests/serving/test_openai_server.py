@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from mathagent.config import Settings
+from mathagent.runtime import engine_builder
 from mathagent.serving.embedded import EmbeddedServer
 
 
@@ -25,7 +26,7 @@ def reference(engine):
 
 @pytest.fixture(scope="module")
 def base_url(engine, reference):
-    with EmbeddedServer(Settings(), engine=engine) as server:
+    with EmbeddedServer(engine) as server:
         yield server.base_url.removesuffix("/v1")
 
 
@@ -156,7 +157,7 @@ def test_metrics(base_url):
 def test_embedded_server_default_model(clean_env):
     settings = Settings()
     settings.engine.device, settings.engine.max_seq_len = "cpu", 512
-    with EmbeddedServer(settings) as srv:
+    with EmbeddedServer(engine_builder(settings)) as srv:
         assert srv.model_name == "SmolLM2-135M-Instruct"
         client = openai.OpenAI(base_url=srv.base_url, api_key="EMPTY", max_retries=0)
         out = client.completions.create(model=srv.model_name, prompt="2 + 2 =", max_tokens=4)

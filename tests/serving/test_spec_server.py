@@ -6,7 +6,6 @@ import httpx
 import openai
 import pytest
 
-from mathagent.config import Settings
 from mathagent.serving.embedded import EmbeddedServer
 
 PROMPT = "1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"
@@ -14,7 +13,7 @@ PROMPT = "1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"
 
 @pytest.fixture(scope="module")
 def base_url(engine):
-    with EmbeddedServer(Settings(), engine=engine) as server:
+    with EmbeddedServer(engine) as server:
         yield server.base_url.removesuffix("/v1")
 
 

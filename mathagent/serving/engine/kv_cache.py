@@ -8,6 +8,8 @@ masked out and later overwritten.
 
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -37,8 +39,8 @@ class KVCache:
         device: torch.device,
     ) -> None:
         shape = (num_layers, num_slots, num_kv_heads, max_seq, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = _zeros(shape, dtype, device)
+        self.v = _zeros(shape, dtype, device)
         self.num_slots = num_slots
         self.max_seq = max_seq
 
@@ -76,3 +78,16 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes held by keys and values together."""
         return 2 * self.k.numel() * self.k.element_size()
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros that cost memory only where written, on the CPU.
+
+    ``torch.zeros`` touches every page (the default model's 8-slot float32 cache is 1.5 GB);
+    fresh anonymous pages are zero-filled by the kernel on first touch, so a cache backed by
+    them grows with the positions actually written. The tensor keeps the mapping alive.
+    """
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * dtype.itemsize
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)

@@ -189,19 +189,33 @@ def _hf_to_engine(name: str) -> tuple[str, int] | None:
     return f"layers.{i}.{target}.{kind}", part
 
 
+# Engine tensors fused from several HF tensors: q/k/v projections, gate/up projections.
+_FUSED_PARTS = {"wqkv": 3, "w13": 2}
+
+
 def _read_state_dict(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Read every safetensors shard, fusing q/k/v and gate/up into the engine's tensors."""
     pieces: dict[str, dict[int, torch.Tensor]] = {}
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{folder} holds no *.safetensors weights; {_supported()}")
+    state: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a Mapping)
                 mapped = _hf_to_engine(key)
-                if mapped is not None:
-                    pieces.setdefault(mapped[0], {})[mapped[1]] = f.get_tensor(key).to(dtype)
-    return {k: torch.cat([v[i] for i in sorted(v)], dim=0) for k, v in pieces.items()}
+                if mapped is None:
+                    continue
+                name, part = mapped
+                parts = pieces.setdefault(name, {})
+                parts[part] = f.get_tensor(key).to(dtype)
+                # Fuse as soon as a tensor is whole, so its parts never outlive it (load peak).
+                if len(parts) == _FUSED_PARTS.get(name.split(".")[-2], 1):
+                    state[name] = torch.cat([parts[i] for i in sorted(parts)], dim=0)
+                    del pieces[name]
+    if pieces:
+        raise ModelLoadError(f"{folder}: incomplete fused weights {sorted(pieces)[:5]}")
+    return state
 
 
 def load_hf_folder(
