@@ -34,11 +34,15 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
+	$(PY) scripts/check_imports.py
+	$(PY) scripts/check_sizes.py
 	$(VENV)/bin/pytest
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) scripts/check_imports.py
+	$(PY) scripts/check_sizes.py
 
 clean:
 	rm -rf $(VENV)

@@ -6,9 +6,9 @@ sandbox outages do not fail the request: they come back as ``error`` fields in t
 """
 
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -71,6 +71,33 @@ class _Gate:
         self.in_flight -= 1
 
 
+def _bearer_check(api_key: str | None) -> Callable[..., None]:
+    """The dependency that checks the bearer token (none when no key is configured)."""
+
+    def authorize(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
+        if api_key is None:
+            return
+        token = creds.credentials if creds else ""
+        if not secrets.compare_digest(token.encode(), api_key.encode()):
+            raise HTTPException(
+                401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"}
+            )
+
+    return authorize
+
+
+def _body_limit(max_bytes: int) -> Callable[..., Any]:
+    """Middleware refusing a declared body over ``max_bytes`` with 413 before reading it."""
+
+    async def limit_body(request: Request, call_next: Callable[..., Any]) -> Any:
+        size = request.headers.get("content-length")
+        if size and size.isdigit() and int(size) > max_bytes:
+            return JSONResponse({"detail": "request body too large"}, status_code=413)
+        return await call_next(request)
+
+    return limit_body
+
+
 def create_app(solver: Solver, settings: Settings) -> FastAPI:
     """The FastAPI app over a ready :class:`Solver` (the caller owns its model and sandbox)."""
     limits = settings.agent
@@ -81,21 +108,8 @@ def create_app(solver: Solver, settings: Settings) -> FastAPI:
         version="0.1.0",
     )
 
-    def authorize(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
-        if settings.api_key is None:
-            return
-        token = creds.credentials if creds else ""
-        if not secrets.compare_digest(token.encode(), settings.api_key.encode()):
-            raise HTTPException(
-                401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"}
-            )
-
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        size = request.headers.get("content-length")
-        if size and size.isdigit() and int(size) > 4 * limits.max_problem_chars + BODY_SLACK_BYTES:
-            return JSONResponse({"detail": "request body too large"}, status_code=413)
-        return await call_next(request)
+    authorize = _bearer_check(settings.api_key)
+    app.middleware("http")(_body_limit(4 * limits.max_problem_chars + BODY_SLACK_BYTES))
 
     def options(req: SolveRequest) -> SolveOptions:
         if len(req.problem) > limits.max_problem_chars:

@@ -35,6 +35,6 @@ app.add_typer(sandbox.app, name="sandbox")
 app.command("eval")(evals.eval_)
 app.command()(evals.bench)
 app.command()(evals.report)
-app.command("train-drafter")(drafter.train_drafter)
+app.command("train-drafter", help=drafter.HELP)(drafter.train_drafter)
 
 __all__ = ["app"]

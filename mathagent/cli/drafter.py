@@ -11,6 +11,8 @@ import typer
 from mathagent.cli.common import fail, print_json, settings_of
 from mathagent.config import Settings
 
+HELP = "Train a ReDrafter head on a frozen base model."
+
 
 def train_drafter(
     ctx: typer.Context,
@@ -72,7 +74,11 @@ def train_drafter(
         bool, typer.Option("--json", help="Print the final metrics as JSON.")
     ] = False,
 ) -> None:
-    """Train a ReDrafter head on a frozen base model."""
+    """Train a ReDrafter head on a frozen base model.
+
+    Long because Typer reads the command's 25 options from this signature; the work itself is
+    :func:`mathagent.drafter.pipeline.train_drafter`.
+    """
     import logging
 
     from mathagent.drafter.pipeline import DistillConfig, DistillOptions, TrainDrafterOptions
