@@ -79,6 +79,7 @@ def serve(
 
 def _serve_embedded(settings: Settings, model: str | None, port: int, dry_run: bool) -> None:
     from mathagent.model_store import ModelFetchError
+    from mathagent.runtime import engine_builder
     from mathagent.serving.embedded import serve as run_server
     from mathagent.serving.engine.config import EngineConfigError
     from mathagent.serving.engine.loader import ModelLoadError
@@ -88,7 +89,7 @@ def _serve_embedded(settings: Settings, model: str | None, port: int, dry_run: b
         typer.echo(f"embedded engine: model={model or settings.model or 'default'} port={port}")
         return
     try:
-        run_server(settings, model, settings.host, port)
+        run_server(engine_builder(settings, model), settings.host, port)
     except (EngineConfigError, ModelLoadError, UnsupportedModelError, ModelFetchError) as exc:
         raise fail(str(exc)) from exc
 
