@@ -134,8 +134,13 @@ def _drafter_prompt(record: dict, engine, settings: Settings):
     ident, heldout = str(record.get("id", "")), bool(record.get("heldout", False))
     if "prompt" in record:
         return DistillPrompt(record["prompt"], ident, heldout)
-    from mathagent.agent.prompts import ChatTemplate, select_template
+    from mathagent.agent.plan import agent_prompt
+    from mathagent.agent.prompts import ChatTemplate
 
-    template = select_template(settings.agent.prompt_format, engine.model_name, tools=True)
-    messages = template.messages(record["problem"], settings.agent.max_tool_calls)
-    return DistillPrompt(ChatTemplate(engine.tokenizer).render(messages), ident, heldout)
+    prompt = agent_prompt(
+        settings.agent,
+        engine.model_name,
+        record["problem"],
+        chat_template=ChatTemplate(engine.tokenizer),
+    )
+    return DistillPrompt(prompt, ident, heldout)
