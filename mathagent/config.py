@@ -88,6 +88,9 @@ class AgentSettings(BaseModel):
     reasoning_effort: Literal["low", "medium", "high"] | None = Field(
         None, description="gpt-oss reasoning effort; unset = the family's (high)"
     )
+    conversation_date: str | None = Field(
+        None, description="gpt-oss system message date (YYYY-MM-DD); unset = today"
+    )
     max_tool_calls: int | None = Field(None, ge=0)
     code_timeout_s: float | None = Field(None, gt=0)
     max_output_chars: int | None = Field(None, ge=1)

@@ -102,6 +102,7 @@ async def open_solver(
             context_len=card.max_model_len,
             renders_itself=family.harmony is not None,
         )
+        stack.push_async_callback(llm.client.close)
         solver = Solver(llm, sandbox, settings.agent)
         yield SolverRuntime(solver, base_url, card.id, embedded=settings.base_url is None)
 

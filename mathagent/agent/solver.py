@@ -81,6 +81,7 @@ class Solver:
             sandbox_retries=s.retries,
             backoff_s=s.backoff_s,
             reasoning_effort=plan.reasoning_effort,
+            date=s.conversation_date,
         )
         early = plan.early_stop if o.early_stop is None else o.early_stop
         return params, o.samples or plan.samples, early
