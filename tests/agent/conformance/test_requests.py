@@ -171,3 +171,25 @@ async def test_no_reasoning_model_gets_less_than_16k_tokens(name: str):
         await solver.llm.client.close()
     budget = solver.plan.max_tokens
     assert budget >= 16384 if name != "qwen2.5-math" else budget == 4096  # its whole context
+
+
+@pytest.mark.parametrize("mode", ["vllm", "trtllm"])
+async def test_chat_endpoint_requests_are_the_references_after_the_empty_system(mode: str):
+    """``openmath_tir_chat.json`` (0b012df8, chat endpoint): the partial answer goes back as an
+    assistant message and a user "continue". The agent also sends OpenMath-Nemotron's empty
+    system message first (its training layout), which the reference's default leaves out."""
+    data = load("requests/openmath_tir_chat.json")
+    bodies = [r["body"] for r in data["requests"]]
+    case = CASES["openmath"]
+    with _server(case, mode) as server:
+        solver = await agent_at(server, FakeSandbox(), None, api_mode="chat")
+        result = await solver.solve_sample(PROBLEM, 0)
+        await solver.llm.client.close()
+    assert solver.llm.mode == "chat"
+    for sent, ref in zip(server.requests, bodies, strict=True):
+        assert sent["messages"][0] == {"role": "system", "content": ""}
+        assert sent["messages"][1:] == ref["messages"]
+        assert "skip_special_tokens" not in sent
+        fields = ("stop", "temperature", "top_p", "seed", "spaces_between_special_tokens")
+        assert {k: sent.get(k) for k in fields} == {k: ref[k] for k in fields}
+    assert result.answer == "104"
