@@ -29,10 +29,8 @@ def stream_text(text: str, limit: int, truncated: bool = False) -> str:
     """One stream as the reference fed it back: stripped, cut at ``limit``, one final newline."""
     was_cut = text.endswith(OUTPUT_CUT) or (truncated and len(text) >= limit)
     body = text.removesuffix(OUTPUT_CUT)
-    if was_cut:  # its tail was cut off, so only its head can be stripped
-        body = body.lstrip()[:limit] + OUTPUT_CUT
-    else:
-        body = cut(body.strip(), limit)
+    # A text the sandbox cut lost its tail, so only its head can be stripped.
+    body = body.lstrip()[:limit] + OUTPUT_CUT if was_cut else cut(body.strip(), limit)
     return body + "\n" if body else ""
 
 
