@@ -86,7 +86,9 @@ class Solver:
         early = plan.early_stop if o.early_stop is None else o.early_stop
         return params, o.samples or plan.samples, early
 
-    def _loop(self, problem: str, params: SampleParams, sample: int, deadline=None) -> SampleLoop:
+    def _loop(
+        self, problem: str, params: SampleParams, sample: int, deadline: float | None = None
+    ) -> SampleLoop:
         p = SampleParams(**params.__dict__)
         if p.seed is not None:
             p.seed += sample

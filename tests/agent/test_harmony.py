@@ -207,3 +207,10 @@ def test_the_format_over_the_package_gives_harmonys_second_prompt(package: Packa
     generation = turn + end.restored + f.output_block("104\n", None, end)
     prompt = f.prompt(USER, "high", DATE, tools=True)
     assert prompt + f.context(generation) == FIXTURE["second_prompt"]["builtin_python"]
+
+
+def test_notices_stay_inside_the_tool_message_never_in_a_header():
+    block = fmt().output_block("104\n", 3)
+    header = "<|start|>python to=assistant<|channel|>analysis<|message|>104\n```system\n"
+    assert block.startswith(header) and "Remaining code executions: 3." in block
+    assert block.endswith("```\n<|end|><|start|>assistant")
