@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from mathagent.agent.prompts import ChatTemplate, select_template
+from mathagent.agent.plan import agent_prompt
+from mathagent.agent.prompts import ChatTemplate
 from mathagent.config import EngineSettings, Settings
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.llm_engine import LLMEngine
@@ -47,11 +48,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def agent_prompts(engine: LLMEngine, path: Path, limit: int) -> list[str]:
     """The agent's rendered prompts (tools on) for the first ``limit`` problems of ``path``."""
     settings = Settings()
-    template = select_template(settings.agent.prompt_format, engine.model_name, tools=True)
     chat = ChatTemplate(engine.tokenizer)
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()][:limit]
     return [
-        chat.render(template.messages(r["problem"], settings.agent.max_tool_calls)) for r in rows
+        agent_prompt(settings.agent, engine.model_name, r["problem"], chat_template=chat)
+        for r in rows
     ]
 
 

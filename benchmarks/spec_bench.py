@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 from engine_bench import CONFIGS  # same engine configurations as the engine bench
 
-from mathagent.agent.prompts import ChatTemplate, select_template
+from mathagent.agent.plan import agent_prompt
+from mathagent.agent.prompts import ChatTemplate
 from mathagent.config import EngineSettings, Settings
 from mathagent.model_store import resolve_model
 from mathagent.serving.engine.config import EngineConfig
@@ -41,11 +42,11 @@ DRAFTER = REPO / "mathagent" / "serving" / "drafters" / "SmolLM2-135M-Instruct"
 def agent_prompts(engine: LLMEngine, limit: int) -> list[str]:
     """The agent's rendered prompts for the first ``limit`` GSM8K test problems."""
     settings = Settings()
-    template = select_template(settings.agent.prompt_format, engine.model_name, tools=True)
     chat = ChatTemplate(engine.tokenizer)
     rows = [json.loads(x) for x in DATASET.read_text().splitlines()[:limit]]
     return [
-        chat.render(template.messages(r["problem"], settings.agent.max_tool_calls)) for r in rows
+        agent_prompt(settings.agent, engine.model_name, r["problem"], chat_template=chat)
+        for r in rows
     ]
 
 

@@ -74,26 +74,46 @@ class SandboxSettings(BaseModel):
 
 
 class AgentSettings(BaseModel):
-    """The tool-integrated reasoning loop."""
+    """The tool-integrated reasoning loop.
 
-    prompt_format: str = Field("auto", description="auto | openmath | qwen | gpt-oss | fewshot")
-    max_tool_calls: int = Field(8, ge=0)
-    code_timeout_s: float = Field(10.0, gt=0)
-    max_output_chars: int = Field(1000, ge=1)
-    max_tokens: int = Field(2048, ge=1)
-    temperature: float = Field(0.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    samples: int = Field(1, ge=1)
-    wall_time_s: float = Field(600.0, gt=0)
+    Knobs left unset (None) take the recipe's value, then the model family's default
+    (``mathagent/agent/families.py``): a reasoning model gets its long budget, the small default
+    model today's 2048 tokens at temperature 0.
+    """
+
+    prompt_format: str = Field(
+        "auto", description="auto | openmath | openmath-kaggle | qwen | qwen3 | gpt-oss | fewshot"
+    )
+    recipe: Literal["none", "aimo2"] = Field(
+        "none", description="aimo2 = the AIMO-2 Kaggle setup (Kaggle prompt, 6 calls, 2 s, ...)"
+    )
+    reasoning_effort: Literal["low", "medium", "high"] | None = Field(
+        None, description="gpt-oss reasoning effort; unset = the family's (high)"
+    )
+    conversation_date: str | None = Field(
+        None, description="gpt-oss system message date (YYYY-MM-DD); unset = today"
+    )
+    max_tool_calls: int | None = Field(None, ge=0)
+    code_timeout_s: float | None = Field(None, gt=0)
+    max_output_chars: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, description="unset = the family's default")
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    samples: int | None = Field(None, ge=1)
+    wall_time_s: float | None = Field(None, gt=0, description="time budget per problem")
     request_timeout_s: float = Field(300.0, gt=0)
     retries: int = Field(3, ge=0)
     backoff_s: float = Field(0.5, ge=0, description="first retry delay; doubles each retry")
     seed: int | None = Field(None, description="sampling seed; sample i uses seed + i")
-    early_stop: int = Field(0, ge=0, description="cancel other samples once this many agree")
-    remaining_notice: bool = Field(False, description="'Remaining code executions' notices")
-    stop_on_answer: bool = Field(True, description="end a generation at its first \\boxed{}")
+    early_stop: int | None = Field(
+        None, ge=0, description="cancel other samples once this many agree"
+    )
+    remaining_notice: bool | None = Field(
+        None, description="'Remaining code executions' notices; unset = the family's"
+    )
+    stop_on_answer: bool = Field(True, description="end a generation at its first final \\boxed{}")
     api_mode: Literal["auto", "completions", "chat"] = Field(
-        "auto", description="auto = completions when the chat template is found locally"
+        "auto", description="auto = completions when the prompt can be rendered locally"
     )
     tokenizer: str | None = Field(
         None, description="tokenizer folder, .gguf file or cached name for the chat template"

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mathagent.agent.llm import LLMError, open_llm, served_model
+from mathagent.agent.llm import LLMError, ModelCard, model_card, open_llm
+from mathagent.agent.plan import plan_for, planned_samples
 from mathagent.agent.prompts import ChatTemplate
 from mathagent.agent.solver import Solver
 from mathagent.config import DEFAULT_MODEL_NAME, EngineSettings, Settings
@@ -73,22 +74,49 @@ async def open_solver(
         sandbox: Sandbox | None = None
         if tools:
             sandbox = await stack.enter_async_context(open_sandbox(settings))
+        template: ChatTemplate | None = None
         if settings.base_url is None:
             rows = concurrent_rows or settings.engine.max_batch_size
             server = await asyncio.to_thread(_start_embedded, settings, rows)
             stack.callback(server.__exit__, None, None, None)
-            base_url, model = server.base_url, server.model_name
-            template = ChatTemplate(server.engine.tokenizer) if server.engine.tokenizer else None
+            base_url = server.base_url
+            card = await _card(base_url, settings, server.model_name)
+            if server.engine.tokenizer:
+                template = ChatTemplate(server.engine.tokenizer)
         else:
             base_url = v1_root(settings.base_url)
-            try:
-                model = settings.model or await served_model(base_url, settings.llm_api_key)
-            except LLMError as exc:
-                raise RuntimeError(f"{exc} (give --model)") from exc
-            template = chat_template_for(settings, model)
-        llm = open_llm(base_url, model, settings.agent, settings.llm_api_key, template)
+            card = await _card(base_url, settings, settings.model)
+        family = plan_for(settings.agent, card.id).family
+        if family.harmony is not None and settings.agent.api_mode == "chat":
+            raise LLMError(
+                f"{card.id} ({family.name}) runs over /v1/completions only: a chat endpoint "
+                "renders harmony itself and declares no python tool (vLLM, TensorRT-LLM), so "
+                "the model could not call code; use api_mode auto or completions"
+            )
+        if template is None and family.harmony is None:
+            template = chat_template_for(settings, card.id)
+        llm = open_llm(
+            base_url,
+            card.id,
+            settings.agent,
+            settings.llm_api_key,
+            template,
+            context_len=card.max_model_len,
+            renders_itself=family.harmony is not None,
+        )
+        stack.push_async_callback(llm.client.close)
         solver = Solver(llm, sandbox, settings.agent)
-        yield SolverRuntime(solver, base_url, model, embedded=settings.base_url is None)
+        yield SolverRuntime(solver, base_url, card.id, embedded=settings.base_url is None)
+
+
+async def _card(base_url: str, settings: Settings, model: str | None) -> ModelCard:
+    """The served model's name and context; a named model whose card is unreadable still runs."""
+    try:
+        return await model_card(base_url, settings.llm_api_key, model)
+    except LLMError as exc:
+        if model is None:
+            raise RuntimeError(f"{exc} (give --model)") from exc
+        return ModelCard(model)
 
 
 def _start_embedded(settings: Settings, rows: int) -> Any:
@@ -163,16 +191,17 @@ async def run_eval(request: EvalRequest, settings: Settings) -> dict[str, Any]:
     from mathagent.evals.eval_command import evaluate, load_problems
 
     problems = load_problems(request, settings.data_dir)
-    rows = request.concurrency * request.samples
+    rows = request.concurrency * (request.samples or planned_samples(settings.agent))
     async with open_solver(settings, tools=request.tools, concurrent_rows=rows) as rt:
-        agent = settings.agent
+        plan = rt.solver.plan
         meta = {
             "dataset": request.dataset,
             "tools": request.tools,
             "model": rt.model,
             "base_url": "embedded" if rt.embedded else rt.base_url,
-            "temperature": agent.temperature,
-            "max_tokens": agent.max_tokens,
-            "prompt_format": agent.prompt_format,
+            "temperature": plan.temperature,
+            "max_tokens": plan.max_tokens,
+            "prompt_format": plan.family.name,
+            "recipe": settings.agent.recipe,
         }
         return await evaluate(request, problems, rt.solver, rt.base_url, meta)

@@ -16,7 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
-from mathagent.agent.prompts import ChatTemplate, select_template
+from mathagent.agent.plan import agent_prompt
+from mathagent.agent.prompts import ChatTemplate
 from mathagent.config import DEFAULT_MODEL_NAME, Settings
 from mathagent.model_store import default_gguf_path
 
@@ -34,7 +35,6 @@ def rows(name: str) -> list[dict]:
 def main(out: Path, tools: bool) -> None:
     settings = Settings()
     chat = ChatTemplate.load(default_gguf_path(settings.model_dir))
-    template = select_template(settings.agent.prompt_format, DEFAULT_MODEL_NAME, tools=tools)
     gsm = rows("gsm8k_test")
     # the held-out set is measured in the agent's tool-use prompt only
     items = [(f"gsm8k/{i}", r, True) for i, r in enumerate(gsm) if BENCH <= i < HELDOUT and tools]
@@ -42,8 +42,10 @@ def main(out: Path, tools: bool) -> None:
     items += [(f"{n}/{r['id']}", r, False) for n in TRAIN_SETS for r in rows(n)]
     with out.open("w") as f:
         for ident, r, heldout in items:
-            messages = template.messages(r["problem"], settings.agent.max_tool_calls)
-            rec = {"id": ident, "prompt": chat.render(messages), "heldout": heldout}
+            prompt = agent_prompt(
+                settings.agent, DEFAULT_MODEL_NAME, r["problem"], tools=tools, chat_template=chat
+            )
+            rec = {"id": ident, "prompt": prompt, "heldout": heldout}
             f.write(json.dumps(rec) + "\n")
     print(f"{len(items)} prompts ({sum(h for *_, h in items)} held out) -> {out}")
 

@@ -89,3 +89,18 @@ def test_readme_cli_reference_matches_help(command: str):
     actual = _options(COMMANDS[command])
     assert actual - documented == set(), f"options missing from README for {command}"
     assert documented - actual == set(), f"README documents options {command} does not have"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["solve", "p", "--recipe", "aimo3"], "recipe"),
+        (["solve", "p", "--reasoning-effort", "max"], "reasoning_effort"),
+        (["eval", "--dataset", "x", "--out", "/tmp/x", "--recipe", "kaggle"], "recipe"),
+    ],
+)
+def test_bad_agent_flags_are_refused_before_anything_starts(clean_env, args, message):
+    from typer.testing import CliRunner
+
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 2 and message in done.output

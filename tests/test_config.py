@@ -14,7 +14,8 @@ def test_defaults(clean_env):
     assert s.host == "127.0.0.1"
     assert s.sandbox.timeout_s == 10.0
     assert s.sandbox.max_output_chars == 1000
-    assert s.agent.max_tool_calls == 8
+    assert s.agent.max_tool_calls is None  # the model family's (8 for OpenMath-Nemotron)
+    assert s.agent.recipe == "none" and s.agent.max_tokens is None
     assert s.model_dir == s.cache_dir / "models"
 
 
@@ -34,11 +35,14 @@ def test_nested_sections_from_env(clean_env, tmp_path: Path):
     clean_env.setenv("MATHAGENT_SANDBOX__POOL_SIZE", "7")
     clean_env.setenv("MATHAGENT_ENGINE__MAX_BATCH_SIZE", "16")
     clean_env.setenv("MATHAGENT_AGENT__MAX_TOOL_CALLS", "6")
+    clean_env.setenv("MATHAGENT_AGENT__RECIPE", "aimo2")
+    clean_env.setenv("MATHAGENT_AGENT__REASONING_EFFORT", "medium")
     clean_env.setenv("MATHAGENT_CACHE_DIR", str(tmp_path))
     s = Settings()
     assert s.sandbox.pool_size == 7
     assert s.engine.max_batch_size == 16
     assert s.agent.max_tool_calls == 6
+    assert (s.agent.recipe, s.agent.reasoning_effort) == ("aimo2", "medium")
     assert s.model_dir == tmp_path / "models"
 
 

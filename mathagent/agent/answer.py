@@ -1,8 +1,13 @@
-"""Final-answer extraction: the last ``\\boxed{...}`` (nested braces), else "The final answer is"."""
+"""Final-answer extraction: the last ``\\boxed{...}`` (nested braces), else "The final answer is".
+
+Thinking models state their answer after the thinking block: :func:`after_thinking` gives the
+part of a generation that may hold it.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 _BOXED = ("\\boxed", "\\fbox")
 _FINAL = re.compile(r"final answer is[:\s]*\$?([^\n$]+?)\$?\s*(?:\.\s*)?(?:\n|$)", re.IGNORECASE)
@@ -59,3 +64,21 @@ def normalize(answer: str) -> str:
     if text.startswith("\\text{") and text.endswith("}"):
         text = text[6:-1]
     return text
+
+
+@dataclass(frozen=True)
+class ThinkTags:
+    """The markers of a thinking block (Qwen3: ``<think>`` ... ``</think>``)."""
+
+    open: str = "<think>"
+    close: str = "</think>"
+
+
+def after_thinking(text: str, tags: ThinkTags) -> str | None:
+    """The text after the last closed thinking block; None while a block is still open.
+
+    A generation without any thinking block is all answer text.
+    """
+    close = text.rfind(tags.close)
+    answer = text[close + len(tags.close) :] if close >= 0 else text
+    return None if tags.open in answer else answer

@@ -1,31 +1,79 @@
-"""Code-tag formats: how a model family opens and closes code, and how output is fed back.
+"""Tool syntax: how a model family calls Python, and how the output goes back to it.
 
-The strings are data, taken from NeMo-Skills' ``prompt/code_tags`` (openmath, qwen) and the
-gpt-oss harmony tool channel. ``code_end`` is the stop string of every completion request, so
-the server hands back control exactly when a block closes.
+The loop sees only :class:`ToolSyntax`. Two kinds implement it: tag formats (:class:`TagFormat`,
+begin/end strings taken from NeMo-Skills' ``prompt/code_tags``: openmath, qwen) and harmony
+(:mod:`mathagent.agent.harmony`, gpt-oss: structured messages addressed to a recipient). The
+end string of a format is the stop string of every request, so the server hands control back
+exactly when a call is complete.
 
 One deliberate difference from NeMo-Skills' openmath tags: its ``code_output_begin`` is
-"```output\\n", but a stop string removes the newline OpenMath-Nemotron writes after
-``</tool_call>``, so the output we feed back starts with that newline ("\\n```output\\n"),
-which reproduces the model's training transcripts.
+"```output\\n" after a ``</tool_call>\\n`` it keeps, but a stop string removes the newline
+OpenMath-Nemotron writes after ``</tool_call>``, so the output fed back starts with that newline
+("\\n```output\\n"); both give the same bytes (tests/agent/fixtures/README.md).
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from mathagent.sandbox.base import ExecResult, ExecStatus
-
-OUTPUT_CUT = "<output cut>"
-STATE_LOST = (
-    "Note: the Python session was restarted before this code ran; variables, functions and "
-    "imports from earlier code blocks are gone. Define them again if you need them.\n"
-)
+from mathagent.agent.llm import NOT_REPORTED, Finish
 
 
 @dataclass(frozen=True)
-class CodeFormat:
-    """The code tags of one model family."""
+class TurnEnd:
+    """What a finished turn asks of the loop.
+
+    ``restored``: stop text the server dropped, appended to the generation first; then run
+    ``code``, or, when ``reply`` is set, append that instead of running it (text for the model,
+    e.g. about an unknown tool); no ``code``: the generation is over. ``error``: the model's text cannot go on (the sample ends
+    with that message). ``channel``: harmony's call channel, which the answer goes back on.
+    """
+
+    restored: str = ""
+    code: str | None = None
+    reply: str | None = None
+    error: str | None = None
+    channel: str | None = None
+
+
+class ToolSyntax(ABC):
+    """One family's tool-call syntax."""
+
+    name: str
+    stop: tuple[str, ...]
+    code_marker: str  # streamed text from here on is shown as code
+
+    @abstractmethod
+    def end_turn(self, generation: str, finish: Finish) -> TurnEnd:
+        """Decide what the turn that ended ``generation`` (the assistant text so far) asks."""
+
+    @abstractmethod
+    def is_open(self, text: str) -> bool:
+        """True while ``text`` ends inside a call (an answer there is not final)."""
+
+    @abstractmethod
+    def output_block(
+        self, output: str, remaining: int | None = None, call: TurnEnd | None = None
+    ) -> str:
+        """The text appended after ``call``: its output, then the optional budget notice."""
+
+    def context(self, generation: str) -> str:
+        """The assistant text as the next request sends it (harmony re-renders its calls)."""
+        return generation
+
+    def check_turn(self, turn: str) -> str | None:
+        """An error when the server mangled the turn's text (special tokens stripped)."""
+        return None
+
+    def answer_region(self, generation: str) -> str | None:
+        """The part of the generation that states the answer; None when it states none."""
+        return generation
+
+
+@dataclass(frozen=True)
+class TagFormat(ToolSyntax):
+    """Code between two tags, output in a fenced block (NeMo-Skills' code tags)."""
 
     name: str
     code_begin: str
@@ -33,7 +81,15 @@ class CodeFormat:
     output_begin: str
     output_end: str
 
-    def is_block_open(self, text: str) -> bool:
+    @property
+    def stop(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (self.code_end,)
+
+    @property
+    def code_marker(self) -> str:  # type: ignore[override]
+        return self.code_begin
+
+    def is_open(self, text: str) -> bool:
         """True when the last ``code_begin`` in ``text`` has no ``code_end`` after it."""
         start = text.rfind(self.code_begin)
         return start >= 0 and text.find(self.code_end, start + len(self.code_begin)) < 0
@@ -42,15 +98,32 @@ class CodeFormat:
         """True when ``text`` ends with a complete code block (the turn asks for execution)."""
         if not text.endswith(self.code_end):
             return False
-        return self.is_block_open(text[: -len(self.code_end)])
+        return self.is_open(text[: -len(self.code_end)])
 
     def last_code(self, text: str) -> str:
         """The code of the last block, for a ``text`` that :meth:`ends_with_block`."""
         body = text[: -len(self.code_end)]
         return body[body.rfind(self.code_begin) + len(self.code_begin) :]
 
-    def output_block(self, output: str, remaining: int | None = None) -> str:
-        """The text appended after a block: its output, then the optional budget notice."""
+    def end_turn(self, generation: str, finish: Finish) -> TurnEnd:
+        # The server stopped on the end tag and dropped it (reported as the string, or not
+        # reported at all); a stop reported as anything else is the model's EOS.
+        dropped = finish.stop_reason is NOT_REPORTED or finish.stop_reason == self.code_end
+        stopped = finish.finish_reason == "stop" and dropped and self.is_open(generation)
+        restored = self.code_end if stopped else ""
+        text = generation + restored
+        if self.ends_with_block(text):
+            return TurnEnd(restored, code=self.last_code(text))
+        if self.is_open(text):
+            why = "the token budget ran out" if finish.finish_reason == "length" else "it ended"
+            return TurnEnd(
+                error=f"the model's last code block never closed ({why} before {self.code_end})"
+            )
+        return TurnEnd()
+
+    def output_block(
+        self, output: str, remaining: int | None = None, call: TurnEnd | None = None
+    ) -> str:
         return f"{self.output_begin}{output}{self.output_end}{remaining_notice(remaining)}"
 
 
@@ -75,73 +148,32 @@ def remaining_notice(remaining: int | None) -> str:
     )
 
 
-def cut(text: str, limit: int) -> str:
-    """Keep the first ``limit`` characters and mark the cut, as NeMo-Skills' sandbox does."""
-    # The sandbox may have cut already; cutting again must not stack a second marker.
-    body = text.removesuffix(OUTPUT_CUT)
-    if len(body) <= limit:
-        return text
-    return body[:limit] + OUTPUT_CUT
-
-
-def _cut_stream(text: str, limit: int, truncated: bool) -> str:
-    # The sandbox cuts at the limit without a marker and flags it; a stream at the limit is it.
-    if truncated and len(text) >= limit and not text.endswith(OUTPUT_CUT):
-        return text[:limit] + OUTPUT_CUT
-    return cut(text, limit)
-
-
-def feedback_text(res: ExecResult, max_chars: int, timeout_s: float) -> str:
-    """What the model reads after its code ran: output cut at ``max_chars``, plus status text."""
-    body = _cut_stream(res.stdout, max_chars, res.truncated) + _cut_stream(
-        res.stderr, max_chars, res.truncated
-    )
-    if body and not body.endswith("\n"):
-        body += "\n"
-    if res.status == ExecStatus.timeout:
-        body += (
-            f"TimeoutError: the code did not finish within {timeout_s:g} seconds and was stopped.\n"
-        )
-    elif res.status == ExecStatus.memory_limit:
-        body += "MemoryError: the code ran out of memory and was stopped.\n"
-    return (STATE_LOST if res.state_lost else "") + body
-
-
-OPENMATH = CodeFormat(
+OPENMATH = TagFormat(
     name="openmath",
     code_begin="<tool_call>",
     code_end="</tool_call>",
     output_begin="\n```output\n",
     output_end="```\n",
 )
-QWEN = CodeFormat(
+QWEN = TagFormat(
     name="qwen",
     code_begin="```python\n",
     code_end="```\n",
     output_begin="```output\n",
     output_end="```\n",
 )
-GPT_OSS = CodeFormat(
-    name="gpt-oss",
-    code_begin="<|start|>assistant<|channel|>analysis to=python code<|message|>",
-    code_end="<|call|>",
-    output_begin="<|start|>python to=assistant<|channel|>analysis<|message|>",
-    output_end="<|end|><|start|>assistant",
-)
-
-FORMATS: dict[str, CodeFormat] = {f.name: f for f in (OPENMATH, QWEN, GPT_OSS)}
 
 
 class ChunkSplitter:
     """Splits a turn's streamed text into prose and code as it arrives.
 
-    A turn is generated with ``stop = code_end``, so everything after the turn's first
-    ``code_begin`` is code. A tail that could be the start of ``code_begin`` is held back
-    until the next chunk decides it.
+    A turn is generated with the syntax's stop, so everything after the turn's first
+    ``code_marker`` is code. A tail that could be the start of the marker is held back until
+    the next chunk decides it.
     """
 
-    def __init__(self, fmt: CodeFormat | None) -> None:
-        self._begin = fmt.code_begin if fmt else ""
+    def __init__(self, syntax: ToolSyntax | None) -> None:
+        self._begin = syntax.code_marker if syntax else ""
         self._pending = ""
         self._in_code = False
 

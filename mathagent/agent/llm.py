@@ -1,16 +1,17 @@
 """The model side of the loop: one streaming request through an OpenAI-compatible client.
 
-Completions mode renders the conversation with the model's chat template once and appends the
-assistant text so far, so tool output lands inside the assistant turn. Chat mode sends
-messages instead (the partial answer as an assistant message followed by "continue", as
-NeMo-Skills does for chat endpoints). Failures are retried with exponential backoff, resuming
-from the text already received; what still fails becomes one :class:`LLMError`.
+Completions mode sends the rendered prompt with the assistant text so far appended, so tool
+output lands inside the assistant turn. Chat mode sends messages instead (the partial answer as
+an assistant message followed by "continue", as NeMo-Skills does for chat endpoints). Failures
+are retried with exponential backoff, resuming from the text already received; what still fails
+becomes one :class:`LLMError`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -18,12 +19,14 @@ from typing import Any, Literal
 import httpx
 import openai
 
-from mathagent.agent.prompts import ChatTemplate, Message
 from mathagent.agent.retry import wait_to_retry
 from mathagent.config import AgentSettings
 
-# vLLM reports which stop string ended a completion; others omit the field.
+# vLLM and TensorRT-LLM report which stop ended a completion (a string or a token id); others
+# omit the field.
 NOT_REPORTED = object()
+
+Message = dict[str, str]
 
 
 class LLMError(Exception):
@@ -50,13 +53,14 @@ class Finish:
 
 @dataclass
 class GenParams:
-    """Per-request sampling parameters."""
+    """Per-request sampling parameters; ``extra`` goes into the body as is (server extras)."""
 
     stop: list[str]
     max_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -68,30 +72,26 @@ class Conversation:
 
 
 class LLM:
-    """Streams completions from one model behind an OpenAI-compatible endpoint."""
+    """Streams completions from one model behind an OpenAI-compatible endpoint.
+
+    ``chat_template`` (completions mode) is what the prompt renderer uses; ``context_len`` is the
+    server's context (``max_model_len`` of ``/v1/models``) when it reports one.
+    """
 
     def __init__(
         self,
         client: openai.AsyncOpenAI,
         model: str,
-        chat_template: ChatTemplate | None = None,
+        chat_template: Any = None,
         mode: Literal["completions", "chat"] = "completions",
         request_timeout_s: float = 300.0,
         retries: int = 3,
         backoff_s: float = 0.5,
+        context_len: int | None = None,
     ) -> None:
-        if mode == "completions" and chat_template is None:
-            raise ValueError("completions mode needs the model's chat template")
         self.client, self.model, self.mode = client, model, mode
-        self.chat_template = chat_template
+        self.chat_template, self.context_len = chat_template, context_len
         self.request_timeout_s, self.retries, self.backoff_s = request_timeout_s, retries, backoff_s
-
-    def conversation(self, messages: list[Message], **chat_kwargs: Any) -> Conversation:
-        """Prepare a conversation once per sample (renders the chat template in completions mode)."""
-        if self.mode == "chat":
-            return Conversation(messages=messages)
-        assert self.chat_template is not None
-        return Conversation(prompt=self.chat_template.render(messages, **chat_kwargs))
 
     async def stream(
         self, conv: Conversation, generation: str, params: GenParams, deadline: float
@@ -107,7 +107,7 @@ class LLM:
                 return
             chunks = 0
             try:
-                now = GenParams(params.stop, budget, params.temperature, params.top_p, params.seed)
+                now = dataclasses.replace(params, max_tokens=budget)
                 async for item in self._attempt(conv, generation + partial, now, deadline):
                     if isinstance(item, str):
                         partial += item
@@ -178,6 +178,8 @@ class LLM:
         }
         if params.seed is not None:
             common["seed"] = params.seed
+        if params.extra:
+            common["extra_body"] = params.extra
         if self.mode == "completions":
             return await self.client.completions.create(prompt=conv.prompt + generation, **common)
         messages = list(conv.messages)
@@ -224,18 +226,23 @@ def open_llm(
     model: str,
     settings: AgentSettings,
     api_key: str = "EMPTY",
-    chat_template: ChatTemplate | None = None,
+    chat_template: Any = None,
+    context_len: int | None = None,
+    renders_itself: bool = False,
 ) -> LLM:
-    """An :class:`LLM` for an endpoint: completions mode with a chat template, else chat.
+    """An :class:`LLM` for an endpoint: completions mode when the prompt can be rendered here.
 
     The caller finds the template (the runtime: the engine's own tokenizer, or local files);
-    ``api_mode`` ``completions`` without one is an error, ``chat`` ignores it.
+    ``renders_itself`` says the model family renders its own prompt text (gpt-oss' harmony), so
+    completions mode needs no template. ``api_mode`` ``completions`` without a way to render is
+    an error; ``chat`` never renders here.
     """
     mode = settings.api_mode
-    if mode == "completions" and chat_template is None:
+    can_render = chat_template is not None or renders_itself
+    if mode == "completions" and not can_render:
         raise LLMError(f"completions mode needs the chat template of {model!r}")
     if mode == "auto":
-        mode = "completions" if chat_template is not None else "chat"
+        mode = "completions" if can_render else "chat"
     client = openai.AsyncOpenAI(
         base_url=base_url, api_key=api_key, max_retries=0, timeout=settings.request_timeout_s
     )
@@ -247,11 +254,24 @@ def open_llm(
         request_timeout_s=settings.request_timeout_s,
         retries=settings.retries,
         backoff_s=settings.backoff_s,
+        context_len=context_len,
     )
 
 
-async def served_model(base_url: str, api_key: str = "EMPTY") -> str:
-    """The first model an endpoint lists (for ``--base-url`` without ``--model``)."""
+@dataclass(frozen=True)
+class ModelCard:
+    """What ``/v1/models`` says about a served model."""
+
+    id: str
+    max_model_len: int | None = None
+
+
+async def model_card(base_url: str, api_key: str = "EMPTY", model: str | None = None) -> ModelCard:
+    """The endpoint's card for ``model`` (default: the first it lists).
+
+    vLLM and the embedded server report ``max_model_len``; TensorRT-LLM does not (``None``).
+    A server that lists other names than ``model`` still serves it: then no context is known.
+    """
     async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=1) as client:
         try:
             models = await client.models.list()
@@ -259,4 +279,8 @@ async def served_model(base_url: str, api_key: str = "EMPTY") -> str:
             raise LLMError(f"cannot list the models at {base_url}: {exc}") from exc
     if not models.data:
         raise LLMError(f"the endpoint at {base_url} serves no model")
-    return models.data[0].id
+    card = next((m for m in models.data if model is None or m.id == model), None)
+    if card is None:
+        return ModelCard(model or models.data[0].id)
+    length = (card.model_extra or {}).get("max_model_len")
+    return ModelCard(card.id, length if isinstance(length, int) and length > 0 else None)

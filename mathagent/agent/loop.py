@@ -1,16 +1,17 @@
-"""The tool-integrated reasoning loop: generate → run the code block → feed the output back.
+"""The tool-integrated reasoning loop: generate → run the call → feed the output back.
 
 One async generator serves streaming and non-streaming callers alike: it emits typed events
 (:mod:`mathagent.agent.events`) and ends with a ``done`` event carrying the sample's record.
-Errors split in two: what the model can act on (its code failed, timed out, lost state) goes
-back into its context as text; what it cannot (the endpoint or the sandbox is down, the
-budget is spent) ends the sample with a finish reason and a clear message.
+Errors split in two: what the model can act on (its code failed, timed out, called an unknown
+tool) goes back into its context as text; what it cannot (the endpoint or the sandbox is down,
+the server mangled the text, the budget is spent) ends the sample with a finish reason and a
+clear message.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -25,19 +26,17 @@ from mathagent.agent.events import (
     ToolCallEvent,
     ToolResultEvent,
 )
-from mathagent.agent.formats import ChunkSplitter, CodeFormat, feedback_text
-from mathagent.agent.llm import LLM, NOT_REPORTED, DeadlineExceeded, Finish, GenParams, LLMError
-from mathagent.agent.prompts import PromptTemplate
+from mathagent.agent.families import Family
+from mathagent.agent.feedback import feedback_text
+from mathagent.agent.formats import ChunkSplitter, ToolSyntax, TurnEnd
+from mathagent.agent.llm import LLM, Conversation, DeadlineExceeded, Finish, GenParams, LLMError
 from mathagent.agent.result import SampleResult, Timing, ToolCall, Usage
-from mathagent.agent.retry import wait_to_retry
-from mathagent.sandbox.base import ExecResult, Sandbox
-
-# How long past its own time limit a sandbox call may take before the loop gives up on it.
-SANDBOX_GRACE_S = 30.0
+from mathagent.agent.session import CodeSession, SandboxFailure, SessionLimits
+from mathagent.sandbox.base import Sandbox
 
 
-class SandboxFailure(Exception):
-    """The sandbox itself failed (not the model's code)."""
+class TextRejected(Exception):
+    """The server returned text the loop cannot read (e.g. special tokens stripped)."""
 
 
 @dataclass
@@ -57,6 +56,8 @@ class SampleParams:
     wall_time_s: float = 600.0
     sandbox_retries: int = 3
     backoff_s: float = 0.5
+    reasoning_effort: str = "high"
+    date: str | None = None  # harmony's conversation date; None = today
 
 
 class SampleLoop:
@@ -66,39 +67,52 @@ class SampleLoop:
         self,
         llm: LLM,
         sandbox: Sandbox | None,
-        template: PromptTemplate,
+        family: Family,
         problem: str,
         params: SampleParams,
         index: int = 0,
         deadline: float | None = None,
     ) -> None:
-        self.llm, self.sandbox, self.template = llm, sandbox, template
-        self.problem, self.params, self.index = problem, params, index
-        self.fmt: CodeFormat | None = template.code_format if params.tools else None
-        if self.fmt is not None and sandbox is None:
+        self.llm, self.family, self.problem, self.params, self.index = (
+            llm,
+            family,
+            problem,
+            params,
+            index,
+        )
+        self.syntax: ToolSyntax | None = family.syntax if params.tools else None
+        if self.syntax is not None and sandbox is None:
             raise ValueError("tools are on but no sandbox was given")
+        limits = SessionLimits(
+            params.code_timeout_s, params.max_output_chars, params.sandbox_retries, params.backoff_s
+        )
+        self.session = CodeSession(sandbox, limits) if sandbox is not None else None
         self.deadline = deadline
         self.generation = ""
         self.calls: list[ToolCall] = []
         self.usage = Usage()
-        self.session_id: str | None = None
-        self._model_s = self._sandbox_s = 0.0
-        self._reason = "eos"
+        self._model_s = 0.0
+        self._reason, self._error = "eos", None
+        self._seen: tuple[int, int] | None = None  # (tokens the server counted, chars they cover)
         self._started = time.perf_counter()
 
     def snapshot(self, finish_reason: str, error: str | None = None) -> SampleResult:
         """The sample's record as it stands (used at the end, or when it is cancelled)."""
         total = time.perf_counter() - self._started
-        agent = max(total - self._model_s - self._sandbox_s, 0.0)
+        sandbox_s = self.session.busy_s if self.session else 0.0
+        region = self.family.answer_text(self.generation)
         return SampleResult(
-            answer=extract_answer(self.generation),
+            answer=extract_answer(region) if region is not None else None,
             generation=self.generation,
             tool_calls=list(self.calls),
             finish_reason=finish_reason,
             num_generated_tokens=self.usage.completion_tokens,
             usage=self.usage.model_copy(),
             timing=Timing(
-                total_s=total, model_s=self._model_s, sandbox_s=self._sandbox_s, agent_s=agent
+                total_s=total,
+                model_s=self._model_s,
+                sandbox_s=sandbox_s,
+                agent_s=max(total - self._model_s - sandbox_s, 0.0),
             ),
             error=error,
         )
@@ -114,61 +128,107 @@ class SampleLoop:
             async with aclosing(self._run()) as steps:
                 async for event in steps:
                     yield event
-            reason = self._reason
+            reason, error = self._reason, self._error
         except DeadlineExceeded:
             reason = "time"
-        except (LLMError, SandboxFailure) as exc:
+        except (LLMError, SandboxFailure, TextRejected) as exc:
             reason, error = "error", str(exc)
         finally:
-            await self._close_session()
+            if self.session is not None:
+                await self.session.close()
         result = self.snapshot(reason, error)
         if result.answer is not None:
             yield AnswerEvent(sample=self.index, answer=result.answer)
         yield DoneEvent(sample=self.index, result=result)
 
     async def _run(self) -> AsyncIterator[Event]:
-        p, fmt = self.params, self.fmt
-        messages = self.template.messages(self.problem, p.max_tool_calls)
-        conv = self.llm.conversation(messages, **self.template.chat_kwargs)
-        stop = [fmt.code_end] if fmt else []
+        p, syntax, llm = self.params, self.syntax, self.llm
+        chat = llm.mode == "chat"
+        conv = self.family.conversation(
+            self.problem,
+            tools=p.tools,
+            max_tool_calls=p.max_tool_calls,
+            chat=chat,
+            chat_template=llm.chat_template,
+            reasoning_effort=p.reasoning_effort,
+            date=p.date,
+        )
+        stop = list(syntax.stop) if syntax else []
+        extras = self.family.chat_extras if chat else self.family.text_extras
         while True:
             if asyncio.get_running_loop().time() >= self.deadline:
                 raise DeadlineExceeded
-            left = p.max_tokens - self.usage.completion_tokens
+            context = syntax.context(self.generation) if syntax else self.generation
+            left = self._budget(conv, context)
             if left <= 0:
                 self._reason = "length"
                 return
-            gen = GenParams(stop, left, p.temperature, p.top_p, p.seed)
+            gen = GenParams(stop, left, p.temperature, p.top_p, p.seed, dict(extras))
             turn_start = len(self.generation)
             finish = None
-            async for event in self._turn(conv, gen):
+            async for event in self._turn(conv, context, gen):
                 if isinstance(event, Finish):
                     finish = event
                 else:
                     yield event
             turn = self.generation[turn_start:]
+            if (problem := self.family.syntax.check_turn(turn)) is not None:
+                raise TextRejected(problem)
             if finish is None:
                 self._reason = "answer"
                 return
-            if finish.finish_reason == "length":
-                self._reason = "length"
+            self._remember_usage(finish, len(context) + len(turn))
+            end = syntax.end_turn(self.generation, finish) if syntax else TurnEnd()
+            if end.restored:
+                self.generation += end.restored
+                yield TextEvent(sample=self.index, text=end.restored, code=True)
+            if finish.finish_reason == "length" or end.error:
+                self._reason = "length" if finish.finish_reason == "length" else "eos"
+                self._error = end.error
                 return
-            if fmt is not None and self._restore_stop(turn, finish):
-                yield TextEvent(sample=self.index, text=fmt.code_end, code=True)
-            if fmt is None or not fmt.ends_with_block(self.generation):
-                self._reason = "answer" if extract_answer(self.generation) else "eos"
+            if end.code is None:
+                self._reason = "answer" if self._answer() else "eos"
                 return
             if len(self.calls) >= p.max_tool_calls:
                 self._reason = "tool_budget"
                 return
-            async for event in self._tool(fmt.last_code(self.generation)):
+            async for event in self._tool(end):
                 yield event
 
-    async def _turn(self, conv, gen: GenParams) -> AsyncIterator[Event | Finish]:
+    def _budget(self, conv: Conversation, context: str) -> int:
+        """Tokens the next turn may generate: what is left, within the server's context."""
+        left = self.params.max_tokens - self.usage.completion_tokens
+        limit = self.llm.context_len
+        if limit is None:
+            return left
+        if self._seen is None:  # nothing counted by the server yet: count the prompt here
+            prompt = conv.prompt if conv.prompt is not None else json.dumps(conv.messages)
+            used = self._count(prompt + context)
+        else:
+            tokens, chars = self._seen
+            used = tokens + self._count(context[chars:])
+        return min(left, limit - used)
+
+    def _count(self, text: str) -> int:
+        if not text:
+            return 0
+        template = self.llm.chat_template
+        counted = template.count(text) if template is not None else None
+        # Without a tokenizer, two characters a token over-counts math and code text: the
+        # request then stays inside the context.
+        return counted if counted is not None else len(text) // 2 + 1
+
+    def _remember_usage(self, finish: Finish, chars: int) -> None:
+        if finish.prompt_tokens:
+            self._seen = (finish.prompt_tokens + finish.completion_tokens, chars)
+
+    async def _turn(
+        self, conv: Conversation, context: str, gen: GenParams
+    ) -> AsyncIterator[Event | Finish]:
         """Stream one completion; stop early once a final answer is complete (yields no Finish)."""
-        splitter = ChunkSplitter(self.fmt)
+        splitter = ChunkSplitter(self.syntax)
         turn, chunks_seen = "", 0
-        async with aclosing(self.llm.stream(conv, self.generation, gen, self.deadline)) as chunks:
+        async with aclosing(self.llm.stream(conv, context, gen, self.deadline)) as chunks:
             while True:
                 started = time.perf_counter()
                 item = await anext(chunks, None)
@@ -194,93 +254,47 @@ class SampleLoop:
             yield TextEvent(sample=self.index, text=text, code=code)
 
     def _answer_complete(self, turn: str, chunk: str) -> bool:
+        """A final answer closed in this turn, outside any call and after any thinking."""
         if not self.params.stop_on_answer or "}" not in chunk or "\\boxed" not in turn:
             return False
-        if self.fmt is not None and self.fmt.is_block_open(turn):
+        if self.syntax is not None and self.syntax.is_open(self.generation):
             return False
-        return last_boxed(turn) is not None
-
-    def _restore_stop(self, turn: str, finish: Finish) -> bool:
-        """Append the code end tag when the server stopped on it without returning it."""
-        fmt = self.fmt
-        assert fmt is not None
-        if finish.finish_reason != "stop" or not fmt.is_block_open(self.generation):
+        region = self.family.answer_text(self.generation)
+        if region is None:
             return False
-        if finish.stop_reason is not NOT_REPORTED and finish.stop_reason != fmt.code_end:
-            return False  # the server says it stopped for another reason (EOS)
-        self.generation += fmt.code_end
-        return True
+        return last_boxed(region[-len(turn) :]) is not None
 
-    async def _tool(self, code: str) -> AsyncIterator[Event]:
-        p, fmt, index = self.params, self.fmt, len(self.calls)
-        assert fmt is not None and self.sandbox is not None
+    def _answer(self) -> bool:
+        region = self.family.answer_text(self.generation)
+        return region is not None and extract_answer(region) is not None
+
+    async def _tool(self, end: TurnEnd) -> AsyncIterator[Event]:
+        p, index = self.params, len(self.calls)
+        assert self.syntax is not None and self.session is not None and self.deadline
+        code = end.code or ""
         yield ToolCallEvent(sample=self.index, index=index, code=code)
-        res = await self._execute(code)
-        call = ToolCall(
-            code=code,
-            status=res.status.value,
-            stdout=res.stdout,
-            stderr=res.stderr,
-            state_lost=res.state_lost,
-            duration_s=res.duration_s,
-        )
-        self.calls.append(call)
-        remaining = p.max_tool_calls - len(self.calls) if p.remaining_notice else None
-        output = fmt.output_block(
-            feedback_text(res, p.max_output_chars, p.code_timeout_s), remaining
-        )
+        if end.reply is not None:  # nothing to run: the model reads why
+            call, output = ToolCall(code=code, status="error", stderr=end.reply), end.reply
+            self.calls.append(call)
+        else:
+            res = await self.session.run(code, self.deadline)
+            call = ToolCall(
+                code=code,
+                status=res.status.value,
+                stdout=res.stdout,
+                stderr=res.stderr,
+                state_lost=res.state_lost,
+                duration_s=res.duration_s,
+            )
+            self.calls.append(call)
+            remaining = p.max_tool_calls - len(self.calls) if p.remaining_notice else None
+            output = self.syntax.output_block(
+                feedback_text(res, p.max_output_chars), remaining, end
+            )
         self.generation += output
         yield ToolResultEvent(sample=self.index, index=index, call=call, output=output)
-
-    async def _execute(self, code: str) -> ExecResult:
-        """Run ``code``; failures of the sandbox itself (not of the code) are retried."""
-        assert self.deadline is not None
-        p, started = self.params, time.perf_counter()
-        try:
-            for attempt in range(p.sandbox_retries + 1):
-                try:
-                    return await self._execute_once(code)
-                except SandboxFailure:
-                    last = attempt == p.sandbox_retries
-                    if last or not await wait_to_retry(attempt + 1, p.backoff_s, self.deadline):
-                        raise
-            raise AssertionError("unreachable")
-        finally:
-            self._sandbox_s += time.perf_counter() - started
-
-    async def _execute_once(self, code: str) -> ExecResult:
-        assert self.sandbox is not None and self.deadline is not None
-        loop, p = asyncio.get_running_loop(), self.params
-        limit = min(loop.time() + p.code_timeout_s + SANDBOX_GRACE_S, self.deadline)
-        try:
-            async with asyncio.timeout_at(limit):
-                res = await self.sandbox.execute(
-                    code,
-                    self.session_id,
-                    timeout=p.code_timeout_s,
-                    max_output_chars=p.max_output_chars,
-                )
-        except TimeoutError as exc:
-            if loop.time() >= self.deadline:
-                raise DeadlineExceeded from exc
-            raise SandboxFailure(
-                f"the sandbox did not answer within {p.code_timeout_s + SANDBOX_GRACE_S:g} s"
-            ) from exc
-        except Exception as exc:
-            raise SandboxFailure(f"the sandbox failed: {type(exc).__name__}: {exc}") from exc
-        self.session_id = res.session_id
-        return res
 
     def _add_usage(self, finish: Finish) -> None:
         self.usage.prompt_tokens += finish.prompt_tokens
         self.usage.completion_tokens += finish.completion_tokens
         self.usage.total_tokens = self.usage.prompt_tokens + self.usage.completion_tokens
-
-    async def _close_session(self) -> None:
-        if self.session_id is None or self.sandbox is None:
-            return
-        session, self.session_id = self.session_id, None
-        # Best effort: a session that fails to close is reaped by the pool's idle timeout.
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(SANDBOX_GRACE_S):
-                await self.sandbox.close_session(session)

@@ -1,20 +1,23 @@
-"""Prompt templates (data) and their rendering with the model's own chat template.
+"""Prompt templates (data) and the one renderer that turns them into what a model is sent.
 
-A :class:`PromptTemplate` yields chat messages; :class:`ChatTemplate` turns them into the raw
-text of the assistant turn's start, sent to ``/v1/completions`` so tool output can be appended
-inside the assistant turn. The user texts of ``openmath`` and ``math`` follow NeMo-Skills'
-``generic/math-tir`` and ``generic/math`` prompt configs.
+A :class:`PromptTemplate` yields chat messages. :func:`render_prompt` is the only place that
+turns a problem into prompt text: gpt-oss through harmony, every other family through the
+model's own chat template (:class:`ChatTemplate`), ending with the assistant turn's start, so
+that tool output can be appended inside the assistant turn on ``/v1/completions``. The loop, the
+drafter's data, the scripts and the benchmarks all call it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import datetime
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from mathagent.agent.formats import FORMATS, OPENMATH, CodeFormat
+from mathagent.agent.llm import Conversation, Message
 
-Message = dict[str, str]
+if TYPE_CHECKING:
+    from mathagent.agent.formats import TagFormat
 
 
 @dataclass(frozen=True)
@@ -29,20 +32,23 @@ class Example:
 
 @dataclass(frozen=True)
 class PromptTemplate:
-    """How to ask: system and user text, few-shot turns, and the code format (None = no tools)."""
+    """How to ask: system and user text, few-shot turns written in ``code_format``.
+
+    ``system`` None sends no system message; "" sends an empty one (OpenMath-Nemotron's
+    training layout: the chat template then writes an empty system block, not its default).
+    ``user`` is formatted with ``problem`` and ``max_tool_calls``.
+    """
 
     name: str
     user: str
     system: str | None = None
     examples: tuple[Example, ...] = ()
-    code_format: CodeFormat | None = None
-    remaining_notice: bool = False
-    chat_kwargs: dict[str, Any] = field(default_factory=dict)
+    code_format: TagFormat | None = None
 
     def messages(self, problem: str, max_tool_calls: int) -> list[Message]:
         """The conversation up to (not including) the assistant's answer."""
         out: list[Message] = []
-        if self.system:
+        if self.system is not None:
             out.append({"role": "system", "content": self.system})
         for ex in self.examples:
             out.append({"role": "user", "content": ex.problem})
@@ -57,101 +63,6 @@ class PromptTemplate:
             return f"{ex.code} = {ex.output}. {final}"
         fmt = self.code_format
         return f"{fmt.code_begin}{ex.code}{fmt.code_end}{fmt.output_block(ex.output)}{final}"
-
-
-_EXAMPLES = (
-    Example("What is 12 * 9 - 4?", "print(12 * 9 - 4)", "104\n", "104"),
-    Example(
-        "Tom has 3 boxes with 12 apples in each box. He eats 5 apples. How many apples are left?",
-        "print(3 * 12 - 5)",
-        "31\n",
-        "31",
-    ),
-)
-_NO_TOOL_EXAMPLES = tuple(
-    Example(e.problem, e.code.removeprefix("print(").removesuffix(")"), e.output.strip(), e.answer)
-    for e in _EXAMPLES
-)
-
-TEMPLATES: dict[str, PromptTemplate] = {
-    "openmath": PromptTemplate(
-        name="openmath",
-        user=(
-            "Solve the following math problem, integrating natural language reasoning with "
-            "Python code executions. You may perform up to {max_tool_calls} Python code calls "
-            "to assist your reasoning. Make sure to put the answer (and only answer) inside "
-            "\\boxed{{}}.\n{problem}"
-        ),
-        code_format=OPENMATH,
-        remaining_notice=True,
-    ),
-    "qwen": PromptTemplate(
-        name="qwen",
-        system=(
-            "Please integrate natural language reasoning with programs to solve the problem "
-            "above, and put your final answer within \\boxed{}."
-        ),
-        user="{problem}",
-        code_format=FORMATS["qwen"],
-    ),
-    "gpt-oss": PromptTemplate(
-        name="gpt-oss",
-        user=(
-            "Solve the following math problem. You may run Python up to {max_tool_calls} "
-            "times. Make sure to put the answer (and only answer) inside \\boxed{{}}.\n\n"
-            "{problem}"
-        ),
-        code_format=FORMATS["gpt-oss"],
-        chat_kwargs={"builtin_tools": ["python"]},
-    ),
-    # Small instruct models (the default SmolLM2-135M) learn the tags from two worked turns.
-    "fewshot": PromptTemplate(
-        name="fewshot",
-        system=(
-            "You are a math assistant. Write Python code between <tool_call> and </tool_call> "
-            "to compute the answer; its output is shown in an ```output block. Then give the "
-            "final answer in \\boxed{}."
-        ),
-        user="{problem}",
-        examples=_EXAMPLES,
-        code_format=OPENMATH,
-    ),
-    "math": PromptTemplate(
-        name="math",
-        user=(
-            "Solve the following math problem. Make sure to put the answer (and only answer) "
-            "inside \\boxed{{}}.\n\n{problem}"
-        ),
-    ),
-    "fewshot-math": PromptTemplate(
-        name="fewshot-math",
-        system="You are a math assistant. Give the final answer in \\boxed{}.",
-        user="{problem}",
-        examples=_NO_TOOL_EXAMPLES,
-    ),
-}
-
-PROMPT_FORMATS = ("auto", "openmath", "qwen", "gpt-oss", "fewshot")
-
-
-def select_template(prompt_format: str, model_name: str, tools: bool) -> PromptTemplate:
-    """The template for a format (``auto`` guesses from the model name) with tools on or off."""
-    name = prompt_format
-    if name == "auto":
-        lowered = model_name.lower()
-        name = next(
-            (
-                n
-                for key, n in (("openmath", "openmath"), ("gpt-oss", "gpt-oss"), ("qwen", "qwen"))
-                if key in lowered
-            ),
-            "fewshot",
-        )
-    if name not in TEMPLATES or name in ("math", "fewshot-math"):
-        raise ValueError(f"unknown prompt format {prompt_format!r}; choose from {PROMPT_FORMATS}")
-    if not tools:
-        return TEMPLATES["fewshot-math" if name == "fewshot" else "math"]
-    return TEMPLATES[name]
 
 
 class ChatTemplate:
@@ -182,3 +93,61 @@ class ChatTemplate:
         return self._tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, **kwargs
         )
+
+    def count(self, text: str) -> int | None:
+        """Tokens in ``text``, when the tokenizer can count them."""
+        encode = getattr(self._tokenizer, "encode", None)
+        if encode is None:
+            return None
+        return len(encode(text, add_special_tokens=False))
+
+
+class HarmonyPrompter(Protocol):
+    """Renders a harmony prompt (gpt-oss: :class:`~mathagent.agent.harmony.HarmonyFormat`)."""
+
+    def prompt(self, user: str, effort: str, date: str, tools: bool) -> str: ...
+
+
+def render_prompt(
+    template: PromptTemplate,
+    problem: str,
+    *,
+    max_tool_calls: int,
+    chat_template: ChatTemplate | None = None,
+    harmony: HarmonyPrompter | None = None,
+    tools: bool = True,
+    reasoning_effort: str = "high",
+    date: str | None = None,
+) -> str:
+    """The prompt text for ``/v1/completions``, ending where the assistant's answer starts.
+
+    With ``harmony`` (gpt-oss): harmony's system message (``reasoning_effort``, ``date``, default
+    today, the python tool when ``tools``) and the user message; else the chat template.
+    """
+    messages = template.messages(problem, max_tool_calls)
+    if harmony is not None:
+        user = "\n".join(m["content"] for m in messages if m["role"] == "user")
+        day = date or datetime.date.today().isoformat()
+        return harmony.prompt(user, reasoning_effort, day, tools)
+    if chat_template is None:
+        raise ValueError(f"the {template.name} prompt needs the model's chat template")
+    return chat_template.render(messages)
+
+
+def conversation(
+    template: PromptTemplate,
+    problem: str,
+    *,
+    max_tool_calls: int,
+    chat: bool,
+    **render: Any,
+) -> Conversation:
+    """What a sample sends before its assistant text: prompt text, or messages in chat mode.
+
+    ``render`` are :func:`render_prompt`'s keyword arguments.
+    """
+    if chat:
+        return Conversation(messages=template.messages(problem, max_tool_calls))
+    return Conversation(
+        prompt=render_prompt(template, problem, max_tool_calls=max_tool_calls, **render)
+    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 
 from pydantic import BaseModel, Field
@@ -19,7 +19,7 @@ from mathagent.agent.answer import normalize
 from mathagent.agent.events import DoneEvent, Event, ResultEvent
 from mathagent.agent.llm import LLM
 from mathagent.agent.loop import SampleLoop, SampleParams
-from mathagent.agent.prompts import select_template
+from mathagent.agent.plan import AgentPlan, plan_for
 from mathagent.agent.result import SampleResult, SolveResult, Timing, ToolCall, Usage
 from mathagent.config import AgentSettings
 from mathagent.sandbox.base import Sandbox
@@ -62,46 +62,59 @@ class Solver:
         settings: AgentSettings,
     ) -> None:
         self.llm, self.sandbox, self.settings = llm, sandbox, settings
+        self.plan: AgentPlan = plan_for(settings, llm.model)
 
     def _params(self, o: SolveOptions) -> tuple[SampleParams, int, int]:
-        s = self.settings
+        s, plan = self.settings, self.plan
         params = SampleParams(
             tools=o.tools,
-            max_tool_calls=s.max_tool_calls if o.max_tool_calls is None else o.max_tool_calls,
-            max_tokens=o.max_tokens or s.max_tokens,
-            temperature=s.temperature if o.temperature is None else o.temperature,
-            top_p=o.top_p or s.top_p,
+            max_tool_calls=plan.max_tool_calls if o.max_tool_calls is None else o.max_tool_calls,
+            max_tokens=o.max_tokens or plan.max_tokens,
+            temperature=plan.temperature if o.temperature is None else o.temperature,
+            top_p=o.top_p or plan.top_p,
             seed=o.seed if o.seed is not None else s.seed,
-            code_timeout_s=s.code_timeout_s,
-            max_output_chars=s.max_output_chars,
-            remaining_notice=s.remaining_notice,
+            code_timeout_s=plan.code_timeout_s,
+            max_output_chars=plan.max_output_chars,
+            remaining_notice=plan.remaining_notice,
             stop_on_answer=s.stop_on_answer,
-            wall_time_s=o.wall_time_s or s.wall_time_s,
+            wall_time_s=o.wall_time_s or plan.wall_time_s,
             sandbox_retries=s.retries,
             backoff_s=s.backoff_s,
+            reasoning_effort=plan.reasoning_effort,
+            date=s.conversation_date,
         )
-        early = s.early_stop if o.early_stop is None else o.early_stop
-        return params, o.samples or s.samples, early
+        early = plan.early_stop if o.early_stop is None else o.early_stop
+        return params, o.samples or plan.samples, early
 
-    def _loops(self, problem: str, o: SolveOptions) -> tuple[list[SampleLoop], int, float]:
+    def _loop(
+        self, problem: str, params: SampleParams, sample: int, deadline: float | None = None
+    ) -> SampleLoop:
+        p = SampleParams(**params.__dict__)
+        if p.seed is not None:
+            p.seed += sample
+        return SampleLoop(self.llm, self.sandbox, self.plan.family, problem, p, sample, deadline)
+
+    def _loops(
+        self, problem: str, o: SolveOptions, sample_ids: Sequence[int] | None
+    ) -> tuple[list[SampleLoop], int, float]:
         params, n, early = self._params(o)
-        template = select_template(self.settings.prompt_format, self.llm.model, o.tools)
-        params.remaining_notice = params.remaining_notice or template.remaining_notice
         deadline = asyncio.get_running_loop().time() + params.wall_time_s
-        loops = []
-        for i in range(n):
-            p = SampleParams(**params.__dict__)
-            if p.seed is not None:
-                p.seed += i
-            loops.append(SampleLoop(self.llm, self.sandbox, template, problem, p, i, deadline))
-        return loops, early, deadline
+        ids = range(n) if sample_ids is None else sample_ids
+        return [self._loop(problem, params, i, deadline) for i in ids], early, deadline
 
     async def stream(
-        self, problem: str, options: SolveOptions | None = None
+        self,
+        problem: str,
+        options: SolveOptions | None = None,
+        sample_ids: Sequence[int] | None = None,
     ) -> AsyncIterator[Event]:
-        """Yield every sample's events as they happen, then one ``result`` event."""
+        """Yield every sample's events as they happen, then one ``result`` event.
+
+        ``sample_ids`` (default ``0..samples-1``) numbers the samples (seed + number), so an
+        evaluator can run again only the samples it lacks.
+        """
         started = time.perf_counter()
-        loops, early, deadline = self._loops(problem, options or SolveOptions())
+        loops, early, deadline = self._loops(problem, options or SolveOptions(), sample_ids)
         queue: asyncio.Queue[Event | None] = asyncio.Queue()
         tasks = [asyncio.create_task(self._pump(lp, queue)) for lp in loops]
         done: dict[int, SampleResult] = {}
@@ -124,10 +137,15 @@ class Solver:
         samples = [done.get(lp.index) or lp.snapshot(unfinished) for lp in loops]
         yield ResultEvent(result=_combine(samples, time.perf_counter() - started))
 
-    async def solve(self, problem: str, options: SolveOptions | None = None) -> SolveResult:
+    async def solve(
+        self,
+        problem: str,
+        options: SolveOptions | None = None,
+        sample_ids: Sequence[int] | None = None,
+    ) -> SolveResult:
         """Solve without streaming (the same code path as :meth:`stream`)."""
         result = None
-        async with aclosing(self.stream(problem, options)) as events:
+        async with aclosing(self.stream(problem, options, sample_ids)) as events:
             async for event in events:
                 if isinstance(event, ResultEvent):
                     result = event.result
@@ -139,11 +157,7 @@ class Solver:
     ) -> SampleResult:
         """Run only sample number ``sample`` (seed + sample), e.g. for a batch evaluator."""
         params, _, _ = self._params(options or SolveOptions())
-        template = select_template(self.settings.prompt_format, self.llm.model, params.tools)
-        params.remaining_notice = params.remaining_notice or template.remaining_notice
-        if params.seed is not None:
-            params.seed += sample
-        loop = SampleLoop(self.llm, self.sandbox, template, problem, params, sample)
+        loop = self._loop(problem, params, sample)
         result = None
         async with aclosing(loop.events()) as events:
             async for event in events:

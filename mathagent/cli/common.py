@@ -30,6 +30,28 @@ MaxToolCalls = Annotated[
     int | None, typer.Option("--max-tool-calls", min=0, help="Code executions.")
 ]
 Host = Annotated[str | None, typer.Option("--host", help="Bind address (default loopback).")]
+Samples = Annotated[
+    int | None, typer.Option("--samples", min=1, help="Samples per problem (default 1; aimo2 16).")
+]
+PromptFormat = Annotated[
+    str | None,
+    typer.Option(
+        "--prompt-format",
+        help="auto | openmath | openmath-kaggle | qwen | qwen3 | gpt-oss | fewshot",
+    ),
+]
+ReasoningEffort = Annotated[
+    str | None,
+    typer.Option("--reasoning-effort", help="gpt-oss reasoning effort: low | medium | high."),
+]
+Recipe = Annotated[
+    str | None,
+    typer.Option(
+        "--recipe",
+        help="aimo2: the AIMO-2 Kaggle setup (Kaggle prompt, 6 calls of 2 s, 200 chars, "
+        "16 samples, early stop at 4 agreeing, 360 s per problem with a shared buffer).",
+    ),
+]
 
 # Setup failures of the agent's parts (endpoint, sandbox, model files), reported as one line.
 SETUP_ERRORS = (RuntimeError, OSError, ValueError)

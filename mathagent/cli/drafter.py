@@ -118,9 +118,10 @@ def train_drafter(
 
 
 def _drafter_prompt(problem: str, loaded: Any, settings: Settings) -> str:
-    """A problem rendered as the agent would ask it (its template, tools on)."""
-    from mathagent.agent.prompts import ChatTemplate, select_template
+    """A problem rendered as the agent would ask it (its family's template, tools on)."""
+    from mathagent.agent.plan import agent_prompt
+    from mathagent.agent.prompts import ChatTemplate
 
-    template = select_template(settings.agent.prompt_format, loaded.name, tools=True)
-    messages = template.messages(problem, settings.agent.max_tool_calls)
-    return ChatTemplate(loaded.tokenizer).render(messages)
+    return agent_prompt(
+        settings.agent, loaded.name, problem, chat_template=ChatTemplate(loaded.tokenizer)
+    )

@@ -14,6 +14,10 @@ from mathagent.cli.common import (
     MaxToolCalls,
     ModelName,
     NoTools,
+    PromptFormat,
+    ReasoningEffort,
+    Recipe,
+    Samples,
     Temperature,
     fail,
     print_json,
@@ -26,7 +30,7 @@ def eval_(
     ctx: typer.Context,
     dataset: Annotated[str, typer.Option(help="Dataset path or name (aime24, gsm8k, ...).")],
     out: Annotated[Path, typer.Option(help="Output folder (re-run to resume).")],
-    samples: Annotated[int, typer.Option(min=1, help="Samples per problem.")] = 1,
+    samples: Samples = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Problems in flight.")] = 4,
     no_tools: NoTools = False,
     limit: Annotated[int | None, typer.Option(min=1, help="First K problems only.")] = None,
@@ -35,9 +39,9 @@ def eval_(
     temperature: Temperature = None,
     max_tokens: MaxTokens = None,
     max_tool_calls: MaxToolCalls = None,
-    prompt_format: Annotated[
-        str | None, typer.Option(help="auto | openmath | qwen | gpt-oss | fewshot")
-    ] = None,
+    prompt_format: PromptFormat = None,
+    reasoning_effort: ReasoningEffort = None,
+    recipe: Recipe = None,
     column: Annotated[
         list[str] | None, typer.Option(help="FIELD=COLUMN for id/problem/answer, repeatable.")
     ] = None,
@@ -66,6 +70,8 @@ def eval_(
         "max_tokens": max_tokens,
         "max_tool_calls": max_tool_calls,
         "prompt_format": prompt_format,
+        "reasoning_effort": reasoning_effort,
+        "recipe": recipe,
     }
     settings = with_overrides(settings_of(ctx), base_url=base_url, model=model, agent=agent)
     try:

@@ -17,6 +17,10 @@ from mathagent.cli.common import (
     MaxToolCalls,
     ModelName,
     NoTools,
+    PromptFormat,
+    ReasoningEffort,
+    Recipe,
+    Samples,
     Temperature,
     fail,
     print_json,
@@ -30,12 +34,15 @@ def solve(
     ctx: typer.Context,
     problem: Annotated[str, typer.Argument(help="The problem statement.")],
     no_tools: NoTools = False,
-    samples: Annotated[int, typer.Option(min=1, help="Generations to run and vote over.")] = 1,
+    samples: Samples = None,
     base_url: BaseUrl = None,
     model: ModelName = None,
     max_tool_calls: MaxToolCalls = None,
     temperature: Temperature = None,
     max_tokens: MaxTokens = None,
+    prompt_format: PromptFormat = None,
+    reasoning_effort: ReasoningEffort = None,
+    recipe: Recipe = None,
     as_json: AsJson = False,
 ) -> None:
     """Solve one problem; the last line of plain output is the final answer."""
@@ -43,7 +50,8 @@ def solve(
 
     if not problem.strip():
         raise fail("the problem is empty", code=2)
-    settings = with_overrides(settings_of(ctx), base_url=base_url, model=model)
+    agent = {"prompt_format": prompt_format, "reasoning_effort": reasoning_effort, "recipe": recipe}
+    settings = with_overrides(settings_of(ctx), base_url=base_url, model=model, agent=agent)
     options = SolveOptions(
         tools=not no_tools,
         samples=samples,
@@ -67,12 +75,14 @@ async def _solve(settings: Settings, problem: str, options: Any, show: bool) -> 
     from rich.console import Console
 
     from mathagent.agent.events import ResultEvent
+    from mathagent.agent.plan import planned_samples
     from mathagent.agent.transcript import Transcript
     from mathagent.runtime import open_solver
 
     transcript, result = Transcript(Console(highlight=False)), None
+    rows = options.samples or planned_samples(settings.agent)
     async with (
-        open_solver(settings, tools=options.tools, concurrent_rows=options.samples) as rt,
+        open_solver(settings, tools=options.tools, concurrent_rows=rows) as rt,
         aclosing(rt.solver.stream(problem, options)) as events,
     ):
         async for event in events:

@@ -1,9 +1,11 @@
 """The batch runner: every (problem, sample) once, concurrently, resumable after any crash.
 
 The runner knows nothing about models: it takes a :class:`SampleSolver` (an async callable
-that solves one sample of one problem), so unit tests drive it with a scripted fake and the CLI
-with the agent. Pipeline: load what is done → queue the rest → C workers solve, grade, append
-→ summary.json → report.html.
+that solves one sample of one problem) or, with ``EvalConfig.per_problem``, a
+:class:`ProblemSolver` (all missing samples of a problem at once, for early stop and a
+per-problem time budget), so unit tests drive it with a scripted fake and the CLI with the
+agent. Pipeline: load what is done → queue the rest → C workers solve, grade, append →
+summary.json → report.html.
 """
 
 from __future__ import annotations
@@ -37,6 +39,15 @@ class SampleSolver(Protocol):
     def __call__(self, problem: Problem, sample: int) -> Awaitable[SampleResult]: ...
 
 
+class ProblemSolver(Protocol):
+    """Solves the listed samples of ``problem`` together; ``None`` marks a failed sample (not
+    recorded, so a re-run retries it)."""
+
+    def __call__(
+        self, problem: Problem, samples: list[int]
+    ) -> Awaitable[list[SampleResult | None]]: ...
+
+
 @dataclass
 class EvalConfig:
     """One eval run: where it writes and how much it does at once."""
@@ -45,6 +56,7 @@ class EvalConfig:
     samples: int = 1
     concurrency: int = 4
     progress: bool = True
+    per_problem: bool = False  # the solver is a ProblemSolver; C problems are in flight
     grade_timeout_s: float = DEFAULT_TIMEOUT_S
     meta: dict[str, Any] = field(default_factory=dict)  # dataset, model, tools... for the report
 
@@ -62,7 +74,7 @@ class _Tally:
 
 async def run_eval(
     problems: Sequence[Problem],
-    solve: SampleSolver,
+    solve: SampleSolver | ProblemSolver,
     config: EvalConfig,
     *,
     meter: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
@@ -76,11 +88,14 @@ async def run_eval(
     store = ResultsFile(config.out_dir / RESULTS_FILE)
     existing = store.load()
     done = {(str(r["id"]), int(r["sample"])) for r in existing}
-    todo = [(p, s) for p in problems for s in range(config.samples) if (p.id, s) not in done]
+    todo: list[tuple[Problem, list[int]]] = []
+    for p in problems:
+        missing = [s for s in range(config.samples) if (p.id, s) not in done]
+        if missing:
+            todo += [(p, missing)] if config.per_problem else [(p, [s]) for s in missing]
     total = len(problems) * config.samples
-    tally = _Tally(
-        done=total - len(todo), correct=_count_correct(existing, problems, config.samples)
-    )
+    left = sum(len(samples) for _, samples in todo)
+    tally = _Tally(done=total - left, correct=_count_correct(existing, problems, config.samples))
     meter_cm = meter() if meter else nullcontext()
     try:
         async with meter_cm as measured:
@@ -99,14 +114,14 @@ def _count_correct(records: list[dict[str, Any]], problems: Sequence[Problem], s
 
 
 async def _run_all(
-    todo: list[tuple[Problem, int]],
-    solve: SampleSolver,
+    todo: list[tuple[Problem, list[int]]],
+    solve: SampleSolver | ProblemSolver,
     config: EvalConfig,
     store: ResultsFile,
     tally: _Tally,
     total: int,
 ) -> None:
-    queue: asyncio.Queue[tuple[Problem, int]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[Problem, list[int]]] = asyncio.Queue()
     for item in todo:
         queue.put_nowait(item)
     with _progress(config.progress) as bar:
@@ -119,8 +134,8 @@ async def _run_all(
 
 
 async def _worker(
-    queue: asyncio.Queue[tuple[Problem, int]],
-    solve: SampleSolver,
+    queue: asyncio.Queue[tuple[Problem, list[int]]],
+    solve: SampleSolver | ProblemSolver,
     config: EvalConfig,
     store: ResultsFile,
     tally: _Tally,
@@ -128,42 +143,62 @@ async def _worker(
     task: Any,
 ) -> None:
     while not queue.empty():
-        problem, sample = queue.get_nowait()
+        problem, samples = queue.get_nowait()
         started_at, t0 = time.time(), time.perf_counter()
         try:
-            result = await solve(problem, sample)
+            if config.per_problem:
+                results = await solve(problem, samples)  # type: ignore[arg-type]
+            else:
+                results = [await solve(problem, samples[0])]  # type: ignore[arg-type]
         except Exception as exc:  # one failed sample must not stop the run
-            log.warning("problem %s sample %d failed: %s", problem.id, sample, exc)
-            tally.failed += 1
+            log.warning("problem %s samples %s failed: %s", problem.id, samples, exc)
+            tally.failed += len(samples)
             continue
         latency = time.perf_counter() - t0
-        correct = await asyncio.to_thread(
-            answers_match,
-            result.answer,
-            problem.answer,
-            modulo=problem.modulo,
-            timeout_s=config.grade_timeout_s,
+        for sample, result in zip(samples, results, strict=True):
+            if result is None:
+                tally.failed += 1
+                continue
+            own = latency if len(samples) == 1 else result.timing.total_s
+            await _record(problem, sample, result, started_at, own, config, store, tally)
+            _show(bar, task, tally)
+
+
+async def _record(
+    problem: Problem,
+    sample: int,
+    result: SampleResult,
+    started_at: float,
+    latency_s: float,
+    config: EvalConfig,
+    store: ResultsFile,
+    tally: _Tally,
+) -> None:
+    correct = await asyncio.to_thread(
+        answers_match,
+        result.answer,
+        problem.answer,
+        modulo=problem.modulo,
+        timeout_s=config.grade_timeout_s,
+    )
+    store.append(
+        make_record(
+            problem, sample, result, is_correct=correct, started_at=started_at, latency_s=latency_s
         )
-        store.append(
-            make_record(
-                problem,
-                sample,
-                result,
-                is_correct=correct,
-                started_at=started_at,
-                latency_s=latency,
-            )
-        )
-        tally.done += 1
-        tally.correct += correct
-        tally.tokens += result.num_generated_tokens
-        elapsed = time.perf_counter() - tally.started
-        bar.update(
-            task,
-            advance=1,
-            acc=f"acc {100 * tally.correct / tally.done:.1f}%",
-            tps=f"{tally.tokens / elapsed:.1f} tok/s",
-        )
+    )
+    tally.done += 1
+    tally.correct += correct
+    tally.tokens += result.num_generated_tokens
+
+
+def _show(bar: Progress, task: Any, tally: _Tally) -> None:
+    elapsed = time.perf_counter() - tally.started
+    bar.update(
+        task,
+        advance=1,
+        acc=f"acc {100 * tally.correct / tally.done:.1f}%",
+        tps=f"{tally.tokens / elapsed:.1f} tok/s",
+    )
 
 
 def _progress(enabled: bool) -> Progress:

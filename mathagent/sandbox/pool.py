@@ -174,12 +174,13 @@ class ContainerPool(Sandbox):
         if isinstance(exc, WorkerTimeout):
             status = ExecStatus.timeout
             message = (
-                f"TimeoutError: the cell ran longer than {req.timeout:g} s and did not stop; "
-                "the sandbox was restarted, variables are lost"
+                f"TimeoutError: the cell ran longer than {req.timeout:g} s and did not stop, "
+                "so its Python process was stopped"
             )
         else:
             status = ExecStatus.memory_limit if exc.oom_killed else ExecStatus.error
-            message = f"{_crash_lines(exc.diagnostics)}{exc}; the sandbox was restarted, variables are lost"
+            # state_lost says what it costs; a client (the agent) may restore it by replay.
+            message = f"{_crash_lines(exc.diagnostics)}{exc}; its Python process was stopped"
         return ExecResult(
             status=status,
             stderr=message[-req.max_output_chars :],

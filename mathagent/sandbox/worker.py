@@ -1,5 +1,8 @@
 """The in-container worker: runs Python cells in one persistent namespace (stdlib only).
 
+It is one file, longer than the house limit, because the image copies it alone and runs it
+isolated (``python3 -I``), where no sibling module can be imported.
+
 Protocol: frames of ``<decimal length>\\n<ASCII JSON>`` on the container's own stdin/stdout,
 which the worker keeps on private descriptors. Descriptors 1 and 2 are re-pointed at pipes that
 a drain thread empties into the current cell's capture, and 0 at /dev/null, so neither
@@ -26,8 +29,11 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 
 MAX_FRAME = 64 * 1024 * 1024
+# ast.PyCF_ONLY_AST | codeop's PyCF_DONT_IMPLY_DEDENT | PyCF_ALLOW_INCOMPLETE_INPUT.
+IPYTHON_COMPILE_FLAGS = ast.PyCF_ONLY_AST | 0x200 | 0x4000
 OUTPUT_CUT = "<output cut>"
 
 
@@ -186,7 +192,7 @@ class Worker:
         signal.setitimer(signal.ITIMER_REAL, timeout, 0.2)
         self.running = True
         try:
-            tree = ast.parse(code, filename, "exec")
+            tree = _parse(code, filename)
             last = None
             if tree.body and isinstance(tree.body[-1], ast.Expr):
                 last = ast.Expression(tree.body.pop().value)
@@ -242,16 +248,100 @@ class Worker:
             view = view[os.write(self.proto_out, view) :]
 
 
+def _parse(code: str, filename: str) -> ast.Module:
+    """Parse as IPython does (codeop's flags, a trailing newline), so an unclosed bracket is
+    reported as IPython reports it ("incomplete input")."""
+    source = code if code.endswith("\n") else code + "\n"
+    return compile(source, filename, "exec", IPYTHON_COMPILE_FLAGS, dont_inherit=True)
+
+
 def _text_stream(sink: StreamSink) -> io.TextIOWrapper:
     return io.TextIOWrapper(sink, "utf-8", "backslashreplace", write_through=True)
 
 
 def _format_exception(exc: BaseException) -> str:
-    """A traceback without the worker's own frames, as IPython shows it."""
+    """The error as the training-era sandbox showed it (see :func:`_plain_traceback`)."""
+    if isinstance(exc, SystemExit):
+        # IPython's wording for a cell that calls sys.exit().
+        return f"An exception has occurred, use %tb to see the full traceback.\n{_last_line(exc)}\n"
+    if isinstance(exc, BaseExceptionGroup):  # IPython 8 itself falls back to CPython's layout
+        return "".join(traceback.format_exception(type(exc), exc, _user_tb(exc)))
+    return _plain_traceback(exc)
+
+
+def _plain_traceback(exc: BaseException) -> str:
+    """IPython's "Plain" traceback with its ``File <ipython-input-…>`` lines removed.
+
+    That is what OpenMath-Nemotron read in training: NeMo-Skills' sandbox of the
+    OpenMathReasoning release (commit 0f7bd733, ``nemo_skills/code_execution/sandbox.py``:
+    ``InteractiveTB.set_mode('Plain')`` then ``simplify_errors``) ran cells in IPython. A cell
+    frame shows only its source line, a library frame ``  File path:line in name`` and its line;
+    causes come first, joined as IPython joins them (tests/agent/fixtures/sandbox).
+    """
+    blocks, seen = [_plain_one(exc)], {id(exc)}
+    while True:
+        if exc.__cause__ is not None:
+            note, exc = (
+                "The above exception was the direct cause of the following exception:",
+                exc.__cause__,
+            )
+        elif exc.__context__ is not None and not exc.__suppress_context__:
+            note, exc = (
+                "During handling of the above exception, another exception occurred:",
+                exc.__context__,
+            )
+        else:
+            break
+        if id(exc) in seen:
+            break
+        seen.add(id(exc))
+        blocks.append(f"{_plain_one(exc)}\n{note}\n")
+    return "".join(reversed(blocks))
+
+
+def _plain_one(exc: BaseException) -> str:
+    if isinstance(exc, SyntaxError) and (exc.filename or "").startswith("<cell-"):
+        return _syntax_lines(exc) + _last_line(exc) + "\n"  # the cell itself did not compile
+    lines = ["Traceback (most recent call last):\n"]
+    for frame in traceback.extract_tb(_user_tb(exc)):
+        if not frame.filename.startswith("<cell-"):
+            name = "" if frame.name == "<module>" else f" in {frame.name}"
+            lines.append(f"  File {_home_short(frame.filename)}:{frame.lineno}{name}\n")
+        if frame.line:
+            lines.append(f"    {frame.line.strip()}\n")
+    if isinstance(exc, SyntaxError):
+        lines.append(_syntax_lines(exc))
+    return "".join(lines) + _last_line(exc) + "\n"
+
+
+def _user_tb(exc: BaseException):
+    """The traceback without the worker's own frames."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb))
+    return tb
+
+
+def _syntax_lines(exc: SyntaxError) -> str:
+    text = (exc.text or "").rstrip("\n")
+    if not text.strip():
+        return ""
+    indent = len(text) - len(text.lstrip())
+    caret = " " * (4 + max((exc.offset or 1) - 1 - indent, 0))
+    return f"    {text.strip()}\n{caret}^\n"
+
+
+def _last_line(exc: BaseException) -> str:
+    """``Name: message`` (IPython uses the bare class name), then any notes."""
+    message = exc.msg if isinstance(exc, SyntaxError) else str(exc)
+    line = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    notes = getattr(exc, "__notes__", None) or []
+    return "\n".join([line, *map(str, notes)])
+
+
+def _home_short(path: str) -> str:
+    home = os.environ.get("HOME", "")
+    return "~" + path[len(home) :] if home and path.startswith(home + "/") else path
 
 
 def _kill_leftovers() -> None:
@@ -284,6 +374,9 @@ def _preload(names: str) -> None:
 
 def main(argv: list[str]) -> None:
     """``worker.py [--reap] [--preload mod1,mod2]``; ``--reap`` only in the container."""
+    # The training-era sandbox ran every cell under warnings.filterwarnings('ignore')
+    # (NeMo-Skills 0f7bd733, code_execution/sandbox.py): its models never read a warning.
+    warnings.filterwarnings("ignore")
     worker = Worker(reap="--reap" in argv)
     if "--preload" in argv[:-1]:
         _preload(argv[argv.index("--preload") + 1])

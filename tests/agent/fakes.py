@@ -117,7 +117,8 @@ def make_llm(endpoint: FakeEndpoint, mode: str = "completions", **kw: Any) -> LL
     kw.setdefault("backoff_s", 0.01)
     kw.setdefault("request_timeout_s", 5.0)
     template = ChatTemplate(FakeTokenizer()) if mode == "completions" else None
-    return LLM(client, "fake-model", chat_template=template, mode=mode, **kw)
+    kw.setdefault("chat_template", template)
+    return LLM(client, kw.pop("model", "fake-model"), mode=mode, **kw)
 
 
 class FakeSandbox(Sandbox):

@@ -2,19 +2,44 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from mathagent.agent.formats import FORMATS, GPT_OSS, OPENMATH, QWEN, ChunkSplitter, cut
-from mathagent.agent.prompts import TEMPLATES, select_template
+from mathagent.agent.families import BY_NAME, family_for
+from mathagent.agent.feedback import cut
+from mathagent.agent.formats import OPENMATH, QWEN, ChunkSplitter
+from mathagent.agent.llm import Finish
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def test_tags_match_nemo_skills_and_harmony():
-    assert (OPENMATH.code_begin, OPENMATH.code_end) == ("<tool_call>", "</tool_call>")
-    assert (OPENMATH.output_begin, OPENMATH.output_end) == ("\n```output\n", "```\n")
-    assert (QWEN.code_begin, QWEN.code_end) == ("```python\n", "```\n")
-    assert (QWEN.output_begin, QWEN.output_end) == ("```output\n", "```\n")
-    assert GPT_OSS.code_end == "<|call|>"
-    assert set(FORMATS) == {"openmath", "qwen", "gpt-oss"}
+def test_tags_match_nemo_skills():
+    tags = json.loads((FIXTURES / "nemo_skills/prompt_configs.json").read_text())["code_tags"]
+    for fmt in (OPENMATH, QWEN):
+        ref = tags[fmt.name]
+        assert (fmt.code_begin, fmt.code_end) == (ref["code_begin"], ref["code_end"])
+        assert (fmt.output_begin, fmt.output_end) == (
+            ref["code_output_begin"],
+            ref["code_output_end"],
+        )
+        assert fmt.stop == (ref["code_end"],)
+
+
+@pytest.mark.parametrize(
+    ("finish", "restored", "code"),
+    [
+        (Finish("stop", "</tool_call>"), "</tool_call>", "print(1)"),  # vLLM: the string
+        (Finish("stop"), "</tool_call>", "print(1)"),  # not reported: a block is open
+        (Finish("stop", None), "", None),  # the model's EOS inside the block
+        (Finish("length"), "", None),
+    ],
+)
+def test_a_dropped_end_tag_is_restored_only_for_the_stop(finish, restored, code):
+    end = OPENMATH.end_turn("x <tool_call>print(1)", finish)
+    assert (end.restored, end.code) == (restored, code)
+    assert (end.error is None) == (code is not None)
 
 
 def test_remaining_executions_notice_follows_the_output():
@@ -36,7 +61,7 @@ def test_remaining_executions_notice_follows_the_output():
     ],
 )
 def test_block_detection(text, is_open, ends):
-    assert OPENMATH.is_block_open(text) is is_open
+    assert OPENMATH.is_open(text) is is_open
     assert OPENMATH.ends_with_block(text) is ends
 
 
@@ -64,28 +89,42 @@ def test_chunk_splitter_separates_prose_and_code_across_chunk_borders():
     assert ChunkSplitter(None).feed("<tool_call>") == [("<tool_call>", False)]
 
 
+def test_every_openmath_variant_maps_as_nemo_skills_maps_it():
+    fixture = json.loads((FIXTURES / "nemo_skills/openmath_variants.json").read_text())
+    for model, ref in fixture["variants"].items():
+        family = family_for("auto", model)
+        assert family.notices is ref["add_remaining_code_executions"], model
+        assert family.prompt.name == ref["code_prompt_config"], model
+        assert family.syntax.name == ref["code_tags"], model
+        assert family.max_tool_calls == ref["max_code_executions"], model
+    assert family_for("auto", "OpenMath-Nemotron-14B-kaggle-fp8-redrafter-trtllm").name == (
+        "openmath-kaggle"
+    )
+
+
 def test_template_selection():
-    assert select_template("auto", "SmolLM2-135M-Instruct", True).name == "fewshot"
-    assert select_template("auto", "SmolLM2-135M-Instruct", False).name == "fewshot-math"
-    assert select_template("auto", "nvidia/OpenMath-Nemotron-1.5B", True).name == "openmath"
-    assert select_template("auto", "Qwen2.5-Math-7B-Instruct", True).name == "qwen"
-    assert select_template("auto", "openai/gpt-oss-20b", True).name == "gpt-oss"
-    assert select_template("openmath", "x", False).name == "math"
+    assert family_for("auto", "SmolLM2-135M-Instruct").name == "fewshot"
+    assert family_for("auto", "Qwen/Qwen2.5-Math-7B-Instruct").name == "qwen"
+    assert family_for("auto", "Qwen/Qwen3-8B").name == "qwen3"
+    assert family_for("auto", "openai/gpt-oss-20b").name == "gpt-oss"
+    assert family_for("auto", "nvidia/OpenMath2-Llama3.1-8B").name == "fewshot"  # not TIR
+    assert family_for("qwen", "nvidia/OpenMath-Nemotron-7B").name == "qwen"
     with pytest.raises(ValueError, match="unknown prompt format"):
-        select_template("nope", "x", True)
+        family_for("nope", "x")
 
 
 def test_openmath_prompt_states_the_budget():
-    (user,) = TEMPLATES["openmath"].messages("2+2?", 6)
+    system, user = BY_NAME["openmath"].prompt.messages("2+2?", 6)
+    assert system == {"role": "system", "content": ""}
     assert user["content"] == (
         "Solve the following math problem, integrating natural language reasoning with Python "
-        "code executions. You may perform up to 6 Python code calls to assist your reasoning. "
-        "Make sure to put the answer (and only answer) inside \\boxed{}.\n2+2?"
+        "code executions.\nYou may perform up to 6 Python code calls to assist your reasoning.\n"
+        "Make sure to put the answer (and only answer) inside \\boxed{}.\n\n2+2?"
     )
 
 
 def test_fewshot_examples_use_the_format_bytes():
-    messages = TEMPLATES["fewshot"].messages("What is 17 * 23 + 5?", 8)
+    messages = BY_NAME["fewshot"].prompt.messages("What is 17 * 23 + 5?", 8)
     assert [m["role"] for m in messages] == [
         "system",
         "user",

@@ -7,22 +7,27 @@ import asyncio
 import pytest
 
 from mathagent.agent.events import DoneEvent, TextEvent, ToolCallEvent, ToolResultEvent
-from mathagent.agent.formats import STATE_LOST, remaining_notice
+from mathagent.agent.families import BY_NAME
+from mathagent.agent.formats import remaining_notice
 from mathagent.agent.loop import SampleLoop, SampleParams
-from mathagent.agent.prompts import TEMPLATES, ChatTemplate
+from mathagent.agent.prompts import ChatTemplate
+from mathagent.agent.session import RESTORE_FAILED
 from mathagent.sandbox.base import ExecResult, ExecStatus
 from tests.agent.fakes import FakeEndpoint, FakeSandbox, FakeTokenizer, Turn, make_llm
 
 PROBLEM = "What is 17 * 23 + 5?"
+DATE = "2025-11-14"
 
 
 async def run(turns, template="openmath", sandbox=None, mode="completions", llm_kw=None, **params):
     endpoint = FakeEndpoint(turns)
     llm = make_llm(endpoint, mode=mode, **(llm_kw or {}))
     sandbox = FakeSandbox() if sandbox is None else sandbox
-    params.setdefault("remaining_notice", TEMPLATES[template].remaining_notice)
+    family = BY_NAME[template]
+    params.setdefault("remaining_notice", family.notices)
     params.setdefault("backoff_s", 0.01)
-    loop = SampleLoop(llm, sandbox, TEMPLATES[template], PROBLEM, SampleParams(**params))
+    params.setdefault("date", DATE)
+    loop = SampleLoop(llm, sandbox, family, PROBLEM, SampleParams(**params))
     async with asyncio.timeout(20):
         events = [e async for e in loop.events()]
     assert isinstance(events[-1], DoneEvent)
@@ -30,8 +35,9 @@ async def run(turns, template="openmath", sandbox=None, mode="completions", llm_
 
 
 def base_prompt(template: str) -> str:
-    messages = TEMPLATES[template].messages(PROBLEM, 8)
-    return ChatTemplate(FakeTokenizer()).render(messages)
+    chat = ChatTemplate(FakeTokenizer())
+    family = BY_NAME[template]
+    return family.render(PROBLEM, tools=True, max_tool_calls=8, chat_template=chat, date=DATE)
 
 
 def rebuilt(events) -> str:
@@ -80,13 +86,29 @@ async def test_gpt_oss_transcript_byte_for_byte():
         Turn(["<|channel|>final<|message|>\\boxed{9}"]),
     ]
     _, result, endpoint, _ = await run(turns, template="gpt-oss")
-    expected = (
-        "<|channel|>analysis<|message|>Compute.<|end|>" + begin + "print(3 * 3)<|call|>"
+    output = (
         "<|start|>python to=assistant<|channel|>analysis<|message|>9\n<|end|><|start|>assistant"
-        "<|channel|>final<|message|>\\boxed{9}"
     )
-    assert result.generation == expected
+    expected = (
+        "<|channel|>analysis<|message|>Compute.<|end|>"
+        + begin
+        + "print(3 * 3)<|call|>"
+        + output
+        + "<|channel|>final<|message|>\\boxed{9}"
+    )
+    assert result.generation == expected and result.answer == "9"
     assert endpoint.requests[0]["stop"] == ["<|call|>"]
+    assert endpoint.requests[0]["prompt"] == base_prompt("gpt-oss")
+    # The call goes back as harmony renders it: the recipient before the channel.
+    canonical = (
+        "<|start|>assistant to=python<|channel|>analysis code<|message|>print(3 * 3)<|call|>"
+    )
+    assert endpoint.requests[1]["prompt"] == (
+        base_prompt("gpt-oss")
+        + "<|channel|>analysis<|message|>Compute.<|end|>"
+        + canonical
+        + output
+    )
 
 
 async def test_stop_string_returned_by_server_is_not_doubled():
@@ -101,12 +123,16 @@ async def test_block_never_closed_runs_no_code():
         [Turn(["<tool_call>print(1", " + 1"], finish_reason="length")]
     )
     assert sandbox.calls == [] and result.finish_reason == "length" and result.answer is None
+    assert result.error == (
+        "the model's last code block never closed (the token budget ran out before </tool_call>)"
+    )
 
 
 async def test_eos_inside_block_reported_by_server_runs_no_code():
     _, result, _, sandbox = await run([Turn(["<tool_call>print(1"], stop_reason=None)])
     assert sandbox.calls == [] and result.finish_reason == "eos"
     assert result.generation == "<tool_call>print(1"
+    assert "never closed" in result.error
 
 
 async def test_two_blocks_in_one_turn_runs_only_the_last():
@@ -116,42 +142,82 @@ async def test_two_blocks_in_one_turn_runs_only_the_last():
     assert result.answer == "42"
 
 
-async def test_code_timeout_message_reaches_the_model():
-    timeout = ExecResult(status=ExecStatus.timeout, stdout="partial\n", session_id="")
+async def test_code_timeout_reads_as_the_reference_sandbox_wrote_it():
+    timeout = ExecResult(
+        status=ExecStatus.timeout, stdout="partial\n", stderr="TimeoutError: ...", session_id=""
+    )
     turns = [Turn(["<tool_call>while True: pass"]), Turn(["\\boxed{0}"])]
     _, result, endpoint, _ = await run(turns, template="fewshot", sandbox=FakeSandbox([timeout]))
-    feedback = (
-        "\n```output\npartial\nTimeoutError: the code did not finish within 10 seconds and was "
-        "stopped.\n```\n"
-    )
-    assert endpoint.requests[1]["prompt"].endswith(feedback)
-    assert result.tool_calls[0].status == "timeout"
+    # NeMo-Skills 0f7bd733: a timed-out cell reads "Timed out", once, and nothing else.
+    assert endpoint.requests[1]["prompt"].endswith("\n```output\nTimed out\n```\n")
+    assert result.tool_calls[0].status == "timeout" and result.tool_calls[0].stdout == "partial\n"
 
 
 async def test_error_and_memory_limit_feedback():
     err = ExecResult(
         status=ExecStatus.error, stderr="NameError: name 'y' is not defined", session_id=""
     )
-    oom = ExecResult(status=ExecStatus.memory_limit, session_id="")
+    oom = ExecResult(status=ExecStatus.memory_limit, stderr="MemoryError\n", session_id="")
     turns = [Turn(["<tool_call>y"]), Turn(["<tool_call>[0] * 10**12"]), Turn(["\\boxed{1}"])]
     _, result, _, _ = await run(turns, template="fewshot", sandbox=FakeSandbox([err, oom]))
     assert "\n```output\nNameError: name 'y' is not defined\n```\n" in result.generation
-    assert "\n```output\nMemoryError: the code ran out of memory and was stopped.\n```\n" in (
-        result.generation
+    assert "\n```output\nMemoryError\n```\n" in result.generation
+
+
+async def test_outputs_are_stripped_and_end_in_one_newline():
+    noisy = ExecResult(
+        status=ExecStatus.completed, stdout="\n  42\n\n", stderr="warn\n\n", session_id=""
     )
+    turns = [Turn(["<tool_call>print(42)"]), Turn(["\\boxed{42}"])]
+    _, result, _, _ = await run(turns, template="fewshot", sandbox=FakeSandbox([noisy]))
+    assert "\n```output\n42\nwarn\n```\n" in result.generation
 
 
-async def test_sandbox_restart_tells_the_model_state_was_lost():
+def _done(stdout: str = "", **kw) -> ExecResult:
+    return ExecResult(status=ExecStatus.completed, stdout=stdout, session_id="", **kw)
+
+
+async def test_state_lost_in_a_restart_is_restored_then_the_call_runs_again():
     lost = ExecResult(
         status=ExecStatus.error, stderr="NameError: x\n", state_lost=True, session_id=""
     )
     turns = [Turn(["<tool_call>x = 5"]), Turn(["<tool_call>print(x)"]), Turn(["\\boxed{5}"])]
-    ok = ExecResult(status=ExecStatus.completed, session_id="")
-    _, result, _, sandbox = await run(turns, template="fewshot", sandbox=FakeSandbox([ok, lost]))
-    assert f"\n```output\n{STATE_LOST}NameError: x\n```\n" in result.generation
-    assert result.tool_calls[1].state_lost
-    # One session for the whole sample, closed at the end.
-    assert sandbox.calls[1]["session_id"] == "s1" and sandbox.closed == ["s1"]
+    sandbox = FakeSandbox([_done(), lost, _done(), _done("5\n")])
+    _, result, _, sandbox = await run(turns, template="fewshot", sandbox=sandbox)
+    # As the reference client does: replay the completed cells in a clean session, run again.
+    assert [c["code"] for c in sandbox.calls] == ["x = 5", "print(x)", "x = 5", "print(x)"]
+    assert [c["session_id"] for c in sandbox.calls] == [None, "s1", None, "s3"]
+    assert "\n```output\n5\n```\n" in result.generation and "NameError" not in result.generation
+    assert result.tool_calls[1].state_lost and sandbox.closed == ["s1", "s3"]
+
+
+async def test_a_failed_restoration_reads_as_the_reference_error():
+    lost = ExecResult(status=ExecStatus.error, stderr="NameError\n", state_lost=True, session_id="")
+    failed = ExecResult(status=ExecStatus.error, stderr="boom\n", session_id="")
+    turns = [Turn(["<tool_call>x = 5"]), Turn(["<tool_call>print(x)"]), Turn(["\\boxed{5}"])]
+    sandbox = FakeSandbox([_done(), lost, failed])
+    _, result, _, sandbox = await run(turns, template="fewshot", sandbox=sandbox)
+    assert f"\n```output\n{RESTORE_FAILED}```\n" in result.generation
+    assert len(sandbox.calls) == 3  # the call itself is not run again
+
+
+async def test_a_restart_by_timeout_keeps_the_history_for_later():
+    killed = ExecResult(status=ExecStatus.timeout, state_lost=True, session_id="")
+    turns = [
+        Turn(["<tool_call>x = 5"]),
+        Turn(["<tool_call>while True: pass"]),
+        Turn(["<tool_call>print(x)"]),
+        Turn(["\\boxed{5}"]),
+    ]
+    fresh = ExecResult(
+        status=ExecStatus.error, stderr="NameError\n", state_lost=True, session_id=""
+    )
+    sandbox = FakeSandbox([_done(), killed, fresh, _done(), _done("5\n")])
+    _, result, _, sandbox = await run(turns, template="fewshot", sandbox=sandbox)
+    codes = [c["code"] for c in sandbox.calls]
+    assert codes == ["x = 5", "while True: pass", "print(x)", "x = 5", "print(x)"]
+    assert "\n```output\nTimed out\n```\n" in result.generation
+    assert result.generation.endswith("\n```output\n5\n```\n\\boxed{5}")
 
 
 async def test_output_is_cut_with_marker():
