@@ -115,8 +115,7 @@ async def _respond(
 
 def _completion_body(model: str, text: str, out: RequestOutput | None, rid: str) -> dict[str, Any]:
     """A ``text_completion`` body (or streamed chunk); the final one carries the totals."""
-    choice = {"index": 0, "text": text, "logprobs": None}
-    choice["finish_reason"] = out.finish_reason if out and out.finished else None
+    choice = {"index": 0, "text": text, "logprobs": None, **_finish(out)}
     resp = {"id": rid, "object": "text_completion", "created": int(time.time()),
             "model": model, "choices": [choice]}  # fmt: skip
     if out is not None and out.finished:
@@ -129,19 +128,27 @@ def _chat_body(
 ) -> dict[str, Any]:
     """A ``chat.completion`` body, or a ``chat.completion.chunk`` when streaming."""
     done = out is not None and out.finished
-    finish = out.finish_reason if done and out else None
     message = {"role": "assistant", "content": text}
     if stream:
-        choice = {"index": 0, "delta": message, "finish_reason": finish}
+        choice = {"index": 0, "delta": message, **_finish(out)}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": 0, "message": message, "finish_reason": finish}
+        choice = {"index": 0, "message": message, **_finish(out)}
         obj = "chat.completion"
     resp = {"id": rid, "object": obj, "created": int(time.time()), "model": model,
             "choices": [choice]}  # fmt: skip
     if done and out is not None and not stream:
         resp.update(_totals(out))
     return resp
+
+
+def _finish(out: RequestOutput | None) -> dict[str, Any]:
+    """A choice's ``finish_reason`` and vLLM's ``stop_reason`` (the stop string or token id)."""
+    done = out is not None and out.finished
+    return {
+        "finish_reason": out.finish_reason if done else None,
+        "stop_reason": out.stop_reason if done else None,
+    }
 
 
 def _totals(out: RequestOutput) -> dict[str, Any]:

@@ -31,6 +31,8 @@ class _SamplingFields(BaseModel):
     seed: int | None = None
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # accepted; the engine's tokenizers add none
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: Any = None
@@ -63,6 +65,7 @@ class _SamplingFields(BaseModel):
             stop_token_ids=self.stop_token_ids or [],
             ignore_eos=self.ignore_eos,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
             speculative=self.speculative,
         )
 

@@ -187,3 +187,47 @@ async def test_async_engine_coalesces_a_non_streaming_request():
     assert whole[-1].finished and whole[-1].finish_reason == "length"
     ids = [t for o in whole for t in o.delta_token_ids]
     assert ids == [t for o in streamed for t in o.delta_token_ids]
+
+
+CHAT_PROMPT = "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _done(client, **kwargs):
+    (choice,) = client.completions.create(model="x", temperature=0, **kwargs).choices
+    return choice, (choice.model_extra or {}).get("stop_reason", "missing")
+
+
+def test_stop_reason_is_reported_as_vllm_does(client, engine, reference):
+    """vLLM: the stop string, the stop_token_ids member (an int), None for the model's EOS."""
+    first_word = reference.text.split()[0]
+    by_string, reason = _done(
+        client, prompt="The capital of France is", max_tokens=12, stop=[first_word]
+    )
+    assert by_string.finish_reason == "stop" and reason == first_word
+    token = reference.token_ids[2]
+    by_token, reason = _done(
+        client,
+        prompt="The capital of France is",
+        max_tokens=12,
+        extra_body={"stop_token_ids": [token]},
+    )
+    assert by_token.finish_reason == "stop" and reason == token
+    by_eos, reason = _done(client, prompt=CHAT_PROMPT, max_tokens=200)
+    assert by_eos.finish_reason == "stop" and reason is None
+    by_length, reason = _done(client, prompt="The capital of France is", max_tokens=2)
+    assert by_length.finish_reason == "length" and reason is None
+
+
+def test_special_tokens_are_kept_only_when_asked(client, engine):
+    """``skip_special_tokens: false`` (what NeMo-Skills sends) keeps their text, as in vLLM."""
+    specials = engine.tokenizer.all_special_tokens
+    eos = engine.tokenizer.decode(list(engine.loaded.eos_token_ids)[:1])
+    common = dict(prompt=CHAT_PROMPT, max_tokens=60)
+    kept, _ = _done(
+        client, **common, extra_body={"ignore_eos": True, "skip_special_tokens": False}
+    )
+    stripped, _ = _done(client, **common, extra_body={"ignore_eos": True})
+    assert eos in kept.text and not any(t in stripped.text for t in specials)
+    for token in specials:
+        kept.text = kept.text.replace(token, "")
+    assert kept.text == stripped.text

@@ -12,10 +12,17 @@ from typing import Any
 class Detokenizer:
     """Turns one sequence's generated ids into text deltas, watching for stop strings."""
 
-    def __init__(self, tokenizer: Any | None, stop: list[str], include_stop: bool) -> None:
+    def __init__(
+        self,
+        tokenizer: Any | None,
+        stop: list[str],
+        include_stop: bool,
+        skip_special_tokens: bool = True,
+    ) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
         self.include_stop = include_stop
+        self.skip_special = skip_special_tokens
         self.text = ""  # all decoded text so far (may include a held-back tail)
         self.emitted = 0  # characters of ``text`` already released
         self._prefix = 0  # token offsets for incremental decoding (as in vLLM)
@@ -41,8 +48,9 @@ class Detokenizer:
 
     def _decode_new(self, ids: list[int]) -> None:
         tok = self.tokenizer
-        prefix_text = tok.decode(ids[self._prefix : self._read], skip_special_tokens=True)
-        full_text = tok.decode(ids[self._prefix :], skip_special_tokens=True)
+        skip = self.skip_special
+        prefix_text = tok.decode(ids[self._prefix : self._read], skip_special_tokens=skip)
+        full_text = tok.decode(ids[self._prefix :], skip_special_tokens=skip)
         if len(full_text) > len(prefix_text) and not full_text.endswith("\ufffd"):
             self.text += full_text[len(prefix_text) :]
             self._prefix, self._read = self._read, len(ids)

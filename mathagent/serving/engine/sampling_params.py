@@ -21,6 +21,7 @@ class SamplingParams(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True  # as vLLM: special tokens' text is left out unless False
     speculative: str | None = Field(None, description=EMBEDDED_METHODS)
 
     @field_validator("speculative")

@@ -60,6 +60,9 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None  # "stop" | "length" | "abort" | None
     metrics: RequestMetrics
+    # What ended a "stop", as vLLM reports it: the stop string, the stop_token_ids member
+    # (an int), or None for the model's own end-of-sequence token.
+    stop_reason: int | str | None = None
 
 
 class Sequence:
@@ -86,6 +89,7 @@ class Sequence:
         self.prefix_source: tuple[int, int] | None = None  # (slot, length) to copy K/V from
         self.joins_decode = False  # may feed its last prompt token in a decode step (no drafter)
         self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
         self.metrics = RequestMetrics(prompt_tokens=len(prompt_ids))
         self.generator: torch.Generator | None = None
         if not params.greedy:
@@ -127,6 +131,7 @@ class Sequence:
             if tok in self.stop_token_ids:
                 self.output_ids.pop()  # the stop token is not part of the output
                 self.finish_reason = "stop"
+                self.stop_reason = tok if tok in self.params.stop_token_ids else None
                 break
             if len(self.output_ids) >= self.params.max_tokens:
                 self.finish_reason = "length"
@@ -138,7 +143,7 @@ class Sequence:
             self.metrics.target_forwards -= 1
         delta_text = self.detok.add(self.output_ids, final=self.finish_reason is not None)
         if self.detok.stopped_by is not None and self.finish_reason != "stop":
-            self.finish_reason = "stop"
+            self.finish_reason, self.stop_reason = "stop", self.detok.stopped_by
             delta_text += self.detok.add(self.output_ids, final=True)
         self.metrics.generated_tokens = len(self.output_ids)
         return self._output(delta_text)
@@ -156,5 +161,11 @@ class Sequence:
         new_ids = self.output_ids[self._emitted_tokens :]
         self._emitted_tokens = len(self.output_ids)
         return RequestOutput(
-            self.request_id, delta_text, new_ids, finished, self.finish_reason, self.metrics
+            self.request_id,
+            delta_text,
+            new_ids,
+            finished,
+            self.finish_reason,
+            self.metrics,
+            self.stop_reason if finished else None,
         )
