@@ -223,9 +223,7 @@ def test_special_tokens_are_kept_only_when_asked(client, engine):
     specials = engine.tokenizer.all_special_tokens
     eos = engine.tokenizer.decode(list(engine.loaded.eos_token_ids)[:1])
     common = dict(prompt=CHAT_PROMPT, max_tokens=60)
-    kept, _ = _done(
-        client, **common, extra_body={"ignore_eos": True, "skip_special_tokens": False}
-    )
+    kept, _ = _done(client, **common, extra_body={"ignore_eos": True, "skip_special_tokens": False})
     stripped, _ = _done(client, **common, extra_body={"ignore_eos": True})
     assert eos in kept.text and not any(t in stripped.text for t in specials)
     for token in specials:

@@ -100,7 +100,10 @@ class LLMEngine:
         if params.speculative is not None:  # load (once) now: a bad drafter is the request's error
             self.speculator.proposer(embedded_method(params.speculative))
         detok = Detokenizer(
-            self.tokenizer, params.stop, params.include_stop_str_in_output, params.skip_special_tokens
+            self.tokenizer,
+            params.stop,
+            params.include_stop_str_in_output,
+            params.skip_special_tokens,
         )
         rid = request_id or f"req-{next(self._ids)}"
         seq = Sequence(rid, ids, params, detok, self.loaded.eos_token_ids)
