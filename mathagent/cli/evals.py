@@ -8,40 +8,26 @@ from typing import Annotated
 
 import typer
 
-from mathagent.cli.common import (
-    BaseUrl,
-    MaxTokens,
-    MaxToolCalls,
-    ModelName,
-    NoTools,
-    PromptFormat,
-    ReasoningEffort,
-    Recipe,
-    Samples,
-    Temperature,
-    fail,
-    print_json,
-    settings_of,
-    with_overrides,
-)
+from mathagent.cli import common
+from mathagent.cli.common import fail, print_json, settings_of, with_overrides
 
 
 def eval_(
     ctx: typer.Context,
     dataset: Annotated[str, typer.Option(help="Dataset path or name (aime24, gsm8k, ...).")],
     out: Annotated[Path, typer.Option(help="Output folder (re-run to resume).")],
-    samples: Samples = None,
+    samples: common.Samples = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Problems in flight.")] = 4,
-    no_tools: NoTools = False,
+    no_tools: common.NoTools = False,
     limit: Annotated[int | None, typer.Option(min=1, help="First K problems only.")] = None,
-    base_url: BaseUrl = None,
-    model: ModelName = None,
-    temperature: Temperature = None,
-    max_tokens: MaxTokens = None,
-    max_tool_calls: MaxToolCalls = None,
-    prompt_format: PromptFormat = None,
-    reasoning_effort: ReasoningEffort = None,
-    recipe: Recipe = None,
+    base_url: common.BaseUrl = None,
+    model: common.ModelName = None,
+    temperature: common.Temperature = None,
+    max_tokens: common.MaxTokens = None,
+    max_tool_calls: common.MaxToolCalls = None,
+    prompt_format: common.PromptFormat = None,
+    reasoning_effort: common.ReasoningEffort = None,
+    recipe: common.Recipe = None,
     column: Annotated[
         list[str] | None, typer.Option(help="FIELD=COLUMN for id/problem/answer, repeatable.")
     ] = None,
