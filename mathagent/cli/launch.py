@@ -27,7 +27,8 @@ class Launcher(StrEnum):
 TpSize = Annotated[int | None, typer.Option(min=1, help="Tensor-parallel GPUs.")]
 MaxDraftLen = Annotated[int | None, typer.Option(min=1, help="Draft tokens per step.")]
 TrtllmVersion = Annotated[
-    str | None, typer.Option(help="TensorRT-LLM version to write the YAML for (1.0, 1.2, ...).")
+    str | None,
+    typer.Option(help="TensorRT-LLM release line (1.0-1.3): YAML spelling and docker image."),
 ]
 Nodes = Annotated[
     str | None, typer.Option(help="Comma-separated node addresses (multi-node hostfile).")
@@ -47,7 +48,8 @@ ExamplesDir = Annotated[
     str | None, typer.Option(help="TensorRT-LLM examples folder (ReDrafter build).")
 ]
 CalibDataset = Annotated[
-    str | None, typer.Option(help="Calibration set for FP8 quantization (ReDrafter).")
+    str | None,
+    typer.Option(help="FP8 calibration set (ReDrafter): a dataset folder or a JSONL to build one."),
 ]
 HealthTimeout = Annotated[float, typer.Option(min=1.0, help="Seconds to wait for GET /health.")]
 

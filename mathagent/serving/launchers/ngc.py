@@ -1,7 +1,8 @@
 """The NGC TensorRT-LLM container as the alternative launcher.
 
 The native plan's ``launch.sh`` (steps guarded by their skip paths, then ``exec`` the server)
-runs inside ``nvcr.io/nvidia/tensorrt-llm/release`` with the source material's flags: all GPUs,
+runs inside ``nvcr.io/nvidia/tensorrt-llm/release`` (the tag of the release line the YAML is
+written for, :mod:`releases`) with the source material's flags: all GPUs,
 host IPC and network, unlimited memlock, a 64 MiB stack, the Hugging Face cache mounted, and
 the config folder mounted at the same path so every path in the script holds in both places.
 """
@@ -12,11 +13,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from mathagent.serving.launchers.plan import LaunchPlan, Step
-
-IMAGES = {
-    "1.0": "nvcr.io/nvidia/tensorrt-llm/release:1.0.0rc3",
-    "1.2": "nvcr.io/nvidia/tensorrt-llm/release:1.2.0rc6",
-}
 
 
 def dockerize(native: LaunchPlan, image: str, out: Path) -> LaunchPlan:

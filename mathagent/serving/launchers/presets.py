@@ -1,9 +1,11 @@
 """The four production serving presets, as typed and validated configuration.
 
 Values come from the project's source material (NVIDIA's DGX Spark speculative-decoding
-playbooks and the NeMo-Skills AIMO-2 ReDrafter recipe). A preset is engine-neutral: the
-TensorRT-LLM, vLLM and SGLang launchers each render it in their own spelling, and say so when
-a method has no equivalent there. Validation holds the constraints TensorRT-LLM documents.
+playbook, run on ``release:1.3.0rc12``, and the NeMo-Skills AIMO-2 ReDrafter recipe, run on
+``tensorrt_llm==1.1.0rc0``); ``openmath-14b-ngram`` is the project's own, for TensorRT-LLM
+lines without the engine path. A preset is engine-neutral: the TensorRT-LLM, vLLM and SGLang
+launchers each render it in their own spelling, and say so when a method has no equivalent
+there. Validation holds the constraints TensorRT-LLM's code enforces.
 """
 
 from __future__ import annotations
@@ -85,10 +87,13 @@ class RedrafterBuild(_Frozen):
     drafter_dir: str = Field(description="the trained drafter (mathagent train-drafter --out)")
     drafter_layers: int = Field(2, ge=1)
     qformat: Literal["fp8"] = "fp8"
-    kv_cache_dtype: Literal["fp8"] = "fp8"
+    quantize_dtype: Literal["auto", "bfloat16", "float16"] = "auto"
     dtype: Literal["bfloat16", "float16"] = "bfloat16"
-    calib_dataset: str
+    calib_dataset: str | None = Field(
+        None, description="FP8 calibration set: a dataset folder, or a JSONL to build one from"
+    )
     calib_size: int = Field(4096, ge=1)
+    calib_batch_size: int = Field(4, ge=1)
     max_batch_size: int = Field(32, ge=1)
     max_seq_len: int = Field(32000, ge=1)
     max_input_len: int = Field(32000, ge=1)
@@ -114,6 +119,13 @@ class ServePreset(_Frozen):
     max_batch_size: int | None = Field(None, ge=1)
     max_num_tokens: int | None = Field(None, ge=1)
     kv_cache_free_gpu_memory_fraction: float | None = Field(None, gt=0, le=1)
+    # Each engine's own memory knob (they mean different things; see spelling.py): unset uses
+    # that engine's default, never a value carried over from TensorRT-LLM's KV-cache share.
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM")
+    mem_fraction_static: float | None = Field(None, gt=0, le=1, description="SGLang")
+    # TensorRT-LLM release lines the preset runs on (None: all), and the one it defaults to.
+    trtllm_lines: tuple[str, ...] | None = None
+    trtllm_default: str = "1.3"
     host: str | None = None
     port: int | None = Field(None, ge=1, le=65535)
     options: LlmApiOptions = LlmApiOptions()
@@ -152,6 +164,8 @@ def _check_speculation(preset: ServePreset, spec: Speculation) -> None:
         raise ValueError(
             "ReDrafter exists only on TensorRT-LLM's engine path: backend 'tensorrt' with a build"
         )
+    if preset.trtllm_lines is not None and preset.trtllm_default not in preset.trtllm_lines:
+        raise ValueError(f"trtllm_default {preset.trtllm_default} is not in {preset.trtllm_lines}")
 
 
 _TIKTOKEN_DIR = "/tmp/harmony-reqs"
@@ -235,11 +249,28 @@ PRESETS: dict[str, ServePreset] = {
             build=RedrafterBuild(
                 model_dir="OpenMath-Nemotron-14B-kaggle",
                 drafter_dir="redrafter-OpenMath-Nemotron-14B-kaggle",
-                calib_dataset="calibrate_openmathreasoning",
+            ),
+            # The engine path (trtllm-build) is deprecated from the 1.3 line on.
+            trtllm_lines=("1.0", "1.1", "1.2"),
+            trtllm_default="1.1",
+        ),
+        ServePreset(
+            name="openmath-14b-ngram",
+            summary="OpenMath-Nemotron-14B-kaggle with prompt-lookup (NGram) drafts, pytorch "
+            "backend, TP 2: the ReDrafter preset's model for TensorRT-LLM without the engine path",
+            model="nvidia/OpenMath-Nemotron-14B-kaggle",
+            tp_size=2,
+            max_batch_size=12,
+            kv_cache_free_gpu_memory_fraction=0.92,
+            speculation=Speculation(
+                method=Method.ngram, max_draft_len=3, max_matching_ngram_size=3
             ),
         ),
     )
 }
+
+# Offered when a preset's method does not exist on the TensorRT-LLM line asked for.
+ALTERNATIVES = {"openmath-14b-fp8-redrafter": "openmath-14b-ngram"}
 
 
 def get_preset(name: str) -> ServePreset:

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from mathagent.serving.engine.spec_config import SpecMethod, SpecMethodError
-from mathagent.serving.launchers import sglang, trtllm, vllm
+from mathagent.serving.launchers import releases, sglang, trtllm, vllm
 from mathagent.serving.launchers.plan import LaunchPlan, run_steps, server_process
 from mathagent.serving.launchers.presets import Method, ServePreset, get_preset
 from mathagent.serving.launchers.process import ServeError, install_hint, serve_foreground
@@ -69,9 +69,13 @@ def resolve_preset(req: ServeRequest) -> ServePreset:
         data.setdefault("options", {})["enable_iter_perf_stats"] = True
     _apply_cluster(data, req)
     if data.get("build") and req.calib_dataset:
-        data["build"]["calib_dataset"] = req.calib_dataset
+        data["build"]["calib_dataset"] = str(Path(req.calib_dataset).expanduser().resolve())
     if data.get("build") and not data["build"].get("calib_dataset"):
-        raise ValueError("a ReDrafter build needs --calib-dataset PATH (the FP8 calibration set)")
+        raise ValueError(
+            "a ReDrafter build needs --calib-dataset PATH: the FP8 calibration set, either a "
+            "dataset folder or a JSONL of problem/generated_solution rows (OpenMathReasoning "
+            "'tir', as the recipe uses) that a first step turns into one"
+        )
     return ServePreset.model_validate(data)
 
 
@@ -136,10 +140,10 @@ def build_plan(req: ServeRequest, preset: ServePreset) -> tuple[LaunchPlan, list
     """The engine's plan for ``preset`` plus lines describing the choices made."""
     info: list[str] = []
     if req.engine == "trtllm":
-        family, source = trtllm.resolve_family(req.trtllm_version, req.image)
-        info.append(f"TensorRT-LLM spelling: {family.value} family ({source})")
+        release, source = releases.resolve(preset, req.trtllm_version, req.image)
+        info.append(f"TensorRT-LLM {release.line} ({source}): image {release.image}")
         plan = trtllm.plan(
-            preset, family=family, out=req.out, launcher=req.launcher, image=req.image,
+            preset, release=release, out=req.out, launcher=req.launcher, image=req.image,
             examples=req.examples_dir,
         )  # fmt: skip
     else:
@@ -147,10 +151,14 @@ def build_plan(req: ServeRequest, preset: ServePreset) -> tuple[LaunchPlan, list
             raise ValueError(
                 "--launcher docker runs the NGC TensorRT-LLM image: use --engine trtllm"
             )
+        if req.trtllm_version or req.image:
+            raise ValueError("--trtllm-version and --image are for --engine trtllm")
         plan = vllm.plan(preset) if req.engine == "vllm" else sglang.plan(preset)
         plan.files[req.out.resolve() / "launch.sh"] = plan.script()
-    engine_built = plan.server is not None and Path(plan.server.argv[1], "config.json").exists()
-    if preset.build is not None and not engine_built:
+    if (
+        preset.build is not None
+        and not (trtllm.redrafter_engine_dir(preset, req.out) / "config.json").exists()
+    ):
         plan.requires[preset.build.drafter_dir] = (
             "the ReDrafter drafter is missing: train it with mathagent train-drafter "
             f"--out {preset.build.drafter_dir} (or pass --speculative redrafter:PATH)"

@@ -17,10 +17,11 @@ FLAGS: dict[str, spelling.Spelling] = {
     "tp_size": "--tp-size",
     "max_batch_size": "--max-running-requests",
     "max_num_tokens": "--max-prefill-tokens",
-    "gpu_memory_fraction": "--mem-fraction-static",
+    "mem_fraction_static": "--mem-fraction-static",
     "prefix_caching": {False: ["--disable-radix-cache"]},
     "chunked_prefill": {False: ["--chunked-prefill-size", "-1"]},
-    "cuda_graph_max_batch_size": "--cuda-graph-max-bs",
+    # --cuda-graph-max-bs is gone (0.5.20); the decode graphs are the ones batch size bounds.
+    "cuda_graph_max_batch_size": "--cuda-graph-max-bs-decode",
 }
 DIST_PORT = 5000
 
@@ -57,6 +58,7 @@ def serve_argv(preset: ServePreset, node_rank: int | None = None) -> list[str]:
 def plan(preset: ServePreset) -> LaunchPlan:
     """The SGLang launch plan; a multi-node preset prints one command per node."""
     result = LaunchPlan("sglang", preset.name, health_url=health_url(preset.host, preset.port))
+    result.notes += spelling.memory_note(preset, "SGLang")
     if preset.cluster is None:
         result.server = Step("serve", serve_argv(preset))
         return result

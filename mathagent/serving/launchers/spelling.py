@@ -1,9 +1,17 @@
 """How vLLM and SGLang spell a preset: one table per engine over the same preset limits.
 
-Each engine names the same limits (tensor parallelism, batch size, token budget, GPU memory
-fraction, prefix caching, chunked prefill, CUDA graph batch size) with its own flags. A table
-maps each limit to a flag that takes the value, or to fixed arguments for one value (the off
-switches); limits a table leaves out, or a preset leaves unset, give no flag.
+Each engine names the same limits (tensor parallelism, batch size, token budget, prefix
+caching, chunked prefill, CUDA graph batch size) with its own flags. A table maps each limit to
+a flag that takes the value, or to fixed arguments for one value (the off switches); limits a
+table leaves out, or a preset leaves unset, give no flag.
+
+GPU memory is not one limit. TensorRT-LLM's ``free_gpu_memory_fraction`` is the share of the
+memory still free after the weights and buffers that goes to the KV cache; vLLM's
+``--gpu-memory-utilization`` is the share of the whole GPU the instance may use (weights,
+activations and KV cache); SGLang's ``--mem-fraction-static`` is the share of the whole GPU for
+the weights and the KV-cache pool. One cannot be computed from another without the model's
+size, so each engine gets only its own field of the preset (``gpu_memory_utilization``,
+``mem_fraction_static``), and its default when that is unset.
 """
 
 from __future__ import annotations
@@ -22,9 +30,8 @@ def limits(preset: ServePreset) -> dict[str, object]:
         "tp_size": preset.tp_size,
         "max_batch_size": preset.max_batch_size,
         "max_num_tokens": preset.max_num_tokens,
-        # TensorRT-LLM takes the fraction as a flag or in the YAML; these engines have one flag.
-        "gpu_memory_fraction": kv.free_gpu_memory_fraction
-        or preset.kv_cache_free_gpu_memory_fraction,
+        "gpu_memory_utilization": preset.gpu_memory_utilization,
+        "mem_fraction_static": preset.mem_fraction_static,
         "prefix_caching": kv.enable_block_reuse,
         "chunked_prefill": options.enable_chunked_prefill,
         "cuda_graph_max_batch_size": options.cuda_graph_max_batch_size,
@@ -53,6 +60,18 @@ def method_name(preset: ServePreset, names: dict[Method, str], engine: str) -> s
             "(ReDrafter exists only on TensorRT-LLM's engine path); use --engine trtllm"
         )
     return names[spec.method]
+
+
+def memory_note(preset: ServePreset, engine: str) -> list[str]:
+    """Why TensorRT-LLM's KV-cache share is not passed on (empty when the preset has none)."""
+    fraction = preset.kv_cache.free_gpu_memory_fraction or preset.kv_cache_free_gpu_memory_fraction
+    if fraction is None:
+        return []
+    return [
+        f"the preset gives TensorRT-LLM {fraction} of the memory left after the weights for "
+        f"the KV cache; {engine}'s memory flag means a share of the whole GPU, so it is left "
+        "at the engine's default (see mathagent/serving/launchers/spelling.py)"
+    ]
 
 
 def bind_args(preset: ServePreset) -> list[str]:

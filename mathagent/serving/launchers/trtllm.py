@@ -1,74 +1,34 @@
 """TensorRT-LLM launcher: the ``--extra_llm_api_options`` YAML and every command line.
 
-Two spelling families exist. TensorRT-LLM 1.0/1.1 writes EAGLE-3 as ``decoding_type: Eagle``
-with ``speculative_model_dir``; 1.2+ writes ``decoding_type: Eagle3`` with
-``speculative_model`` (the old key stays an alias there). The family is the one the user names,
-else the one the docker image's tag carries, else the installed ``tensorrt_llm``, else 1.2.
+What is written depends on the release line (:mod:`releases`): the YAML spelling, the image
+and whether the engine path exists. The defaults reproduce the source material: the DGX Spark
+playbook's YAML and ``trtllm-serve`` lines on ``release:1.3.0rc12``, and the NeMo-Skills
+ReDrafter recipe's quantize / convert / build / serve lines on ``tensorrt_llm==1.1.0rc0``.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import re
 import shlex
-from enum import StrEnum
 from pathlib import Path
 
 import yaml
 
-from mathagent.serving.launchers import ngc
+from mathagent.serving.launchers import calibration, ngc
 from mathagent.serving.launchers.plan import LaunchPlan, Step, health_url
 from mathagent.serving.launchers.presets import Method, ServePreset
+from mathagent.serving.launchers.releases import Release
 
 YAML_NAME = "extra-llm-api-config.yml"
 HOSTFILE_NAME = "openmpi-hostfile"
 DEFAULT_EXAMPLES = "/app/tensorrt_llm/examples"  # where the NGC release image keeps them
-
-
-class Family(StrEnum):
-    """TensorRT-LLM version families that spell the LLM API YAML differently."""
-
-    v1_0 = "1.0"  # 1.0 and 1.1
-    v1_2 = "1.2"  # 1.2 and later
-
-
-def family_of(version: str) -> Family:
-    """The spelling family of a TensorRT-LLM version string such as ``1.1.0`` or ``1.2.0rc6``."""
-    match = re.match(r"\s*v?(\d+)\.(\d+)", version)
-    if match is None:
-        raise ValueError(f"not a TensorRT-LLM version: {version!r}")
-    major, minor = int(match[1]), int(match[2])
-    if major < 1:
-        raise ValueError(f"TensorRT-LLM {version} is older than 1.0, which these presets need")
-    return Family.v1_0 if (major, minor) < (1, 2) else Family.v1_2
-
-
-def installed_version() -> str | None:
-    """The installed ``tensorrt_llm`` version, read from package metadata (no import, no GPU)."""
-    for dist in ("tensorrt_llm", "tensorrt-llm"):
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def resolve_family(requested: str | None, image: str | None = None) -> tuple[Family, str]:
-    """The family to render for, and where that choice came from (for the user)."""
-    if requested:
-        return family_of(requested), f"--trtllm-version {requested}"
-    if image and ":" in image:
-        tag = image.rsplit(":", 1)[1]
-        if re.match(r"\d+\.\d+", tag):
-            return family_of(tag), f"image tag {tag}"
-    found = installed_version()
-    if found:
-        return family_of(found), f"installed tensorrt_llm {found}"
-    return Family.v1_2, "default (TensorRT-LLM is not installed here)"
+# The recipe serves the engine with the engine path's short backend name (an alias of tensorrt).
+_BACKEND_SPELLING = {"pytorch": "pytorch", "tensorrt": "trt"}
+# The playbook exports these to the ranks as NAME=VALUE on the mpirun line.
+_MPI_EXPORTS = ("CPATH", "TRITON_PTXAS_PATH")
 
 
 # -- YAML -------------------------------------------------------------------------------------
-def llm_api_options(preset: ServePreset, family: Family) -> dict:
+def llm_api_options(preset: ServePreset, release: Release) -> dict:
     """The ``--extra_llm_api_options`` mapping, keys in the source material's order."""
     opts = preset.options
     out: dict = {
@@ -87,19 +47,19 @@ def llm_api_options(preset: ServePreset, family: Family) -> dict:
         out["cuda_graph_config"] = {"max_batch_size": opts.cuda_graph_max_batch_size}
     spec = preset.speculation
     if spec is not None and spec.method is not Method.redrafter:
-        out["speculative_config"] = speculative_config(preset, family)
+        out["speculative_config"] = speculative_config(preset, release)
     kv = preset.kv_cache.model_dump(exclude_none=True)
     if kv:
         out["kv_cache_config"] = kv
     return out
 
 
-def speculative_config(preset: ServePreset, family: Family) -> dict:
-    """``speculative_config`` in the family's spelling."""
+def speculative_config(preset: ServePreset, release: Release) -> dict:
+    """``speculative_config`` in the release's spelling."""
     spec = preset.speculation
     assert spec is not None
     decoding_type = {
-        Method.eagle3: "Eagle" if family is Family.v1_0 else "Eagle3",
+        Method.eagle3: release.eagle_decoding_type,
         Method.draft_target: "DraftTarget",
         Method.ngram: "NGram",
     }[spec.method]
@@ -107,30 +67,40 @@ def speculative_config(preset: ServePreset, family: Family) -> dict:
     if spec.method is Method.ngram:
         out["max_matching_ngram_size"] = spec.max_matching_ngram_size
     else:
-        key = "speculative_model_dir" if family is Family.v1_0 else "speculative_model"
-        out[key] = spec.draft
+        out[release.draft_key] = spec.draft
     return out
 
 
-def render_yaml(preset: ServePreset, family: Family) -> str:
+def render_yaml(preset: ServePreset, release: Release) -> str:
     """The YAML text of :func:`llm_api_options`."""
-    return yaml.safe_dump(llm_api_options(preset, family), sort_keys=False, indent=2)
+    return yaml.safe_dump(llm_api_options(preset, release), sort_keys=False, indent=2)
 
 
 # -- command lines ----------------------------------------------------------------------------
 def serve_argv(preset: ServePreset, yaml_path: Path | None, model: str | None = None) -> list[str]:
     """``trtllm-serve MODEL ...`` with the preset's flags, in the source material's order."""
-    argv = ["trtllm-serve", model or preset.model, "--backend", preset.backend]
-    if preset.build is not None:
-        argv += ["--tokenizer", preset.build.model_dir]
-    argv += ["--tp_size", str(preset.tp_size)]
-    for flag, value in (
-        ("--max_batch_size", preset.max_batch_size),
-        ("--max_num_tokens", preset.max_num_tokens),
-        ("--kv_cache_free_gpu_memory_fraction", preset.kv_cache_free_gpu_memory_fraction),
-    ):
-        if value is not None:
-            argv += [flag, str(value)]
+    if preset.build is not None:  # the recipe's line: trtllm-serve serve ENGINE --tokenizer HF
+        argv = [
+            "trtllm-serve",
+            "serve",
+            model or preset.model,
+            "--tokenizer",
+            preset.build.model_dir,
+        ]
+        argv += ["--backend", _BACKEND_SPELLING[preset.backend], "--tp_size", str(preset.tp_size)]
+        flags = (
+            ("--kv_cache_free_gpu_memory_fraction", preset.kv_cache_free_gpu_memory_fraction),
+            ("--max_batch_size", preset.max_batch_size),
+        )
+    else:
+        argv = ["trtllm-serve", model or preset.model, "--backend", preset.backend]
+        argv += ["--tp_size", str(preset.tp_size)]
+        flags = (
+            ("--max_batch_size", preset.max_batch_size),
+            ("--max_num_tokens", preset.max_num_tokens),
+            ("--kv_cache_free_gpu_memory_fraction", preset.kv_cache_free_gpu_memory_fraction),
+        )
+    argv += [a for flag, value in flags if value is not None for a in (flag, str(value))]
     if yaml_path is not None:
         argv += ["--extra_llm_api_options", str(yaml_path)]
     if preset.port is not None:
@@ -178,23 +148,34 @@ def prep_steps(preset: ServePreset) -> list[Step]:
 
 
 def redrafter_steps(preset: ServePreset, work: Path, examples: str) -> list[Step]:
-    """FP8 quantize with calibration → ReDrafter convert_checkpoint → trtllm-build."""
+    """Calibration set (from a JSONL) → FP8 quantize → ReDrafter convert_checkpoint → build."""
     build, spec = preset.build, preset.speculation
-    assert build is not None and spec is not None
+    assert build is not None and spec is not None and build.calib_dataset is not None
     base_ckpt, draft_ckpt, engine = _redrafter_dirs(preset, work)
-    tp = str(preset.tp_size)
+    tp, steps = (
+        str(preset.tp_size),
+        [
+            Step(
+                f"download {preset.model}",
+                ["hf", "download", preset.model, "--local-dir", build.model_dir],
+                skip_if_exists=build.model_dir,
+            )
+        ],
+    )
+    calib = build.calib_dataset
+    if calibration.is_jsonl(calib):
+        made, _, folder = calibration.step(calib, build.model_dir, build.calib_size, work)
+        steps.append(made)
+        calib = str(folder)
     return [
-        Step(
-            f"download {preset.model}",
-            ["hf", "download", preset.model, "--local-dir", build.model_dir],
-            skip_if_exists=build.model_dir,
-        ),
+        *steps,
         Step(
             f"quantize to {build.qformat.upper()} with the calibration set",
             ["python3", f"{examples}/quantization/quantize.py", "--model_dir", build.model_dir,
-             "--dtype", build.dtype, "--qformat", build.qformat, "--kv_cache_dtype", build.kv_cache_dtype,
-             "--output_dir", str(base_ckpt), "--calib_dataset", build.calib_dataset,
-             "--calib_size", str(build.calib_size), "--tp_size", tp],
+             "--dtype", build.quantize_dtype, "--qformat", build.qformat,
+             "--output_dir", str(base_ckpt), "--calib_size", str(build.calib_size),
+             "--calib_dataset", calib, "--batch_size", str(build.calib_batch_size),
+             "--tp_size", tp, "--pp_size", "1"],
             skip_if_exists=str(base_ckpt / "config.json"),
         ),
         Step(
@@ -209,22 +190,23 @@ def redrafter_steps(preset: ServePreset, work: Path, examples: str) -> list[Step
         Step(
             "build the engine (explicit draft tokens)",
             ["trtllm-build", "--checkpoint_dir", str(draft_ckpt), "--output_dir", str(engine),
-             "--speculative_decoding_mode", "explicit_draft_tokens", "--gemm_plugin", build.qformat,
-             "--use_paged_context_fmha", "enable", "--max_batch_size", str(build.max_batch_size),
-             "--max_seq_len", str(build.max_seq_len), "--max_input_len", str(build.max_input_len),
-             "--max_num_tokens", str(build.max_num_tokens), "--max_beam_width", str(build.max_beam_width),
-             "--kv_cache_type", "paged"],
+             "--gemm_plugin", build.qformat, "--use_paged_context_fmha=enable",
+             "--max_batch_size", str(build.max_batch_size), "--max_seq_len", str(build.max_seq_len),
+             "--max_input_len", str(build.max_input_len), "--max_num_tokens", str(build.max_num_tokens),
+             "--speculative_decoding_mode", "explicit_draft_tokens",
+             "--max_beam_width", str(build.max_beam_width), "--kv_cache_type", "paged"],
             skip_if_exists=str(engine / "config.json"),
         ),
     ]  # fmt: skip
 
 
 def _redrafter_dirs(preset: ServePreset, work: Path) -> tuple[Path, Path, Path]:
+    """The recipe's folder names: quantized checkpoint, combined checkpoint, engine."""
     stem = Path(preset.build.model_dir).name if preset.build else preset.name
     return (
-        work / f"{stem}-fp8-ckpt",
-        work / f"{stem}-fp8-redrafter-ckpt",
-        work / f"{stem}-fp8-redrafter-engine",
+        work / f"{stem}-fp8-trtllm-tmp-ckpt",
+        work / f"{stem}-fp8-draft-ckpt",
+        work / f"{stem}-fp8-redrafter-trtllm",
     )
 
 
@@ -232,7 +214,7 @@ def _redrafter_dirs(preset: ServePreset, work: Path) -> tuple[Path, Path, Path]:
 def plan(
     preset: ServePreset,
     *,
-    family: Family,
+    release: Release,
     out: Path,
     launcher: str = "native",
     image: str | None = None,
@@ -242,42 +224,59 @@ def plan(
     out = out.resolve()
     preset = _anchor(preset, out)
     files: dict[Path, str] = {}
-    options = llm_api_options(preset, family)
+    options = llm_api_options(preset, release)
     yaml_path = out / YAML_NAME if options else None
     if yaml_path is not None:
-        files[yaml_path] = render_yaml(preset, family)
+        files[yaml_path] = render_yaml(preset, release)
     steps = prep_steps(preset)
     engine_dir = None
     if preset.build is not None:
         steps += redrafter_steps(preset, out, examples)
         engine_dir = str(_redrafter_dirs(preset, out)[2])
+        if preset.build.calib_dataset and calibration.is_jsonl(preset.build.calib_dataset):
+            files[out / calibration.SCRIPT_NAME] = calibration.SCRIPT
     server = Step("serve", serve_argv(preset, yaml_path, engine_dir), env=dict(preset.env))
     if preset.cluster is not None:
         hostfile = out / HOSTFILE_NAME
         files[hostfile] = "\n".join(preset.cluster.hosts) + "\n"
         env = cluster_env(preset, hostfile)
         steps = [Step(s.name, s.argv, {**env, **s.env}, s.skip_if_exists) for s in steps]
-        launch = ["mpirun", "-x", "CPATH", "-x", "TRITON_PTXAS_PATH", "-x", "HF_TOKEN"]
+        launch = ["mpirun", *[a for k in _MPI_EXPORTS for a in ("-x", f"{k}={env[k]}")]]
         server = Step(
             f"serve across {len(preset.cluster.hosts)} nodes",
-            [*launch, "trtllm-llmapi-launch", *server.argv],
+            [*launch, "-x", "HF_TOKEN", "trtllm-llmapi-launch", *server.argv],
             {**env, **server.env},
         )
     result = LaunchPlan(
         "trtllm", preset.name, files, steps, server, health_url(preset.host, preset.port)
     )
     result.files[out / "launch.sh"] = result.script()
-    if preset.build is not None:
-        result.notes.append(
+    result.notes += _notes(preset, release)
+    if launcher == "docker":
+        return ngc.dockerize(result, image or release.image, out)
+    return result
+
+
+def redrafter_engine_dir(preset: ServePreset, out: Path) -> Path:
+    """Where the ReDrafter build leaves the engine that ``trtllm-serve`` serves."""
+    out = out.resolve()
+    return _redrafter_dirs(_anchor(preset, out), out)[2]
+
+
+def _notes(preset: ServePreset, release: Release) -> list[str]:
+    notes = [f"TensorRT-LLM {release.line} (image {release.image})"]
+    if preset.build is not None and preset.speculation is not None:
+        notes.append(
             f"train the drafter first: mathagent train-drafter --base {preset.build.model_dir} "
             f"--data ... --out {preset.build.drafter_dir} --draft-len "
-            f"{preset.speculation.max_draft_len if preset.speculation else 3} "
-            f"--layers {preset.build.drafter_layers}"
+            f"{preset.speculation.max_draft_len} --layers {preset.build.drafter_layers}"
         )
-        result.notes.append("ReDrafter exists only on TensorRT-LLM's engine path (trtllm-build)")
-    if launcher == "docker":
-        return ngc.dockerize(result, image or ngc.IMAGES[family.value], out)
-    return result
+        lines = ", ".join(preset.trtllm_lines or ())
+        notes.append(
+            "ReDrafter exists only on TensorRT-LLM's engine path (trtllm-build), which this "
+            f"preset runs on TensorRT-LLM {lines}: it is deprecated from 1.3 on"
+        )
+    return notes
 
 
 def _anchor(preset: ServePreset, out: Path) -> ServePreset:
@@ -292,6 +291,6 @@ def _anchor(preset: ServePreset, out: Path) -> ServePreset:
             ("drafter_dir", build.drafter_dir),
             ("calib_dataset", build.calib_dataset),
         )
-        if not Path(value).is_absolute()
+        if value is not None and not Path(value).is_absolute()
     }
     return preset.model_copy(update={"build": build.model_copy(update=fixed)})

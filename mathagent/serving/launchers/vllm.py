@@ -19,9 +19,9 @@ FLAGS: dict[str, spelling.Spelling] = {
     "tp_size": "--tensor-parallel-size",
     "max_batch_size": "--max-num-seqs",
     "max_num_tokens": "--max-num-batched-tokens",
-    "gpu_memory_fraction": "--gpu-memory-utilization",
-    "prefix_caching": {False: ["--no-enable-prefix-caching"]},
-    "chunked_prefill": {False: ["--no-enable-chunked-prefill"]},
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "prefix_caching": {False: ["--disable-prefix-caching"]},
+    "chunked_prefill": {False: ["--disable-chunked-prefill"]},
 }
 
 
@@ -55,6 +55,7 @@ def plan(preset: ServePreset) -> LaunchPlan:
     """The vLLM launch plan (multi-node presets need a Ray cluster started first)."""
     env: dict[str, str] = {}
     result = LaunchPlan("vllm", preset.name, health_url=health_url(preset.host, preset.port))
+    result.notes += spelling.memory_note(preset, "vLLM")
     if preset.cluster is not None:
         env = spelling.socket_env(preset.cluster)
         ifaces, head = env["NCCL_SOCKET_IFNAME"], preset.cluster.hosts[0]

@@ -15,6 +15,7 @@ NAMES = [
     "llama3.3-70b-fp4-draft-target",
     "qwen3-235b-eagle3-tp2",
     "openmath-14b-fp8-redrafter",
+    "openmath-14b-ngram",
 ]
 
 
@@ -30,7 +31,7 @@ def _with(name: str, **changes) -> ServePreset:
     return ServePreset.model_validate(data)
 
 
-def test_the_four_presets_exist_and_validate():
+def test_the_presets_exist_and_validate():
     assert list(PRESETS) == NAMES
     for preset in PRESETS.values():
         assert ServePreset.model_validate(preset.model_dump()) == preset
@@ -157,9 +158,21 @@ def test_the_redrafter_preset_keeps_redrafter(kind):
     with pytest.raises(ValueError, match="ReDrafter's engine path"):
         resolve_preset(_request(preset="openmath-14b-fp8-redrafter", speculative=kind))
     preset = resolve_preset(
-        _request(preset="openmath-14b-fp8-redrafter", speculative="redrafter:/r")
+        _request(
+            preset="openmath-14b-fp8-redrafter", speculative="redrafter:/r", calib_dataset="/c"
+        )
     )
     assert preset.build.drafter_dir == "/r"
+
+
+def test_redrafter_calibration_set_is_required_and_resolved(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="--calib-dataset PATH"):
+        resolve_preset(_request(preset="openmath-14b-fp8-redrafter"))
+    monkeypatch.chdir(tmp_path)
+    preset = resolve_preset(
+        _request(preset="openmath-14b-fp8-redrafter", calib_dataset="omr.jsonl")
+    )
+    assert preset.build.calib_dataset == str(tmp_path / "omr.jsonl")
 
 
 def test_preset_or_model_is_required():
@@ -168,7 +181,9 @@ def test_preset_or_model_is_required():
 
 
 def test_iter_stats_is_not_written_for_the_engine_path():
-    preset = resolve_preset(_request(preset="openmath-14b-fp8-redrafter", iter_stats=True))
+    preset = resolve_preset(
+        _request(preset="openmath-14b-fp8-redrafter", iter_stats=True, calib_dataset="/c.jsonl")
+    )
     assert preset.options.enable_iter_perf_stats is None  # the TensorRT backend always keeps them
 
 

@@ -14,6 +14,7 @@ import yaml
 
 from mathagent.serving.launchers import trtllm
 from mathagent.serving.launchers.presets import PRESETS
+from mathagent.serving.launchers.releases import RELEASES
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -48,32 +49,58 @@ def _serve(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("version", ["1.0", "1.2"])
+@pytest.mark.parametrize("line", [None, "1.0", "1.2", "1.3"])
 @pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_dry_run_needs_no_gpu_and_no_tensorrt_llm(bare_env, tmp_path, preset, version):
+def test_dry_run_needs_no_gpu_and_no_tensorrt_llm(bare_env, tmp_path, preset, line):
     out = tmp_path / "cfg"
-    args = ["--engine", "trtllm", "--preset", preset, "--trtllm-version", version]
+    args = ["--engine", "trtllm", "--preset", preset, "--calib-dataset", "/data/omr.jsonl"]
+    args += ["--trtllm-version", line] if line else []
     done = _serve(bare_env, *args, "--dry-run", "--out", str(out))
+    lines = PRESETS[preset].trtllm_lines
+    if line and lines and line not in lines:  # refused at plan time, with the alternative
+        assert done.returncode == 1 and "--preset openmath-14b-ngram" in done.stderr
+        assert not out.exists() and "Traceback" not in done.stderr
+        return
     assert done.returncode == 0, done.stderr
     assert f"# config folder: {out}" in done.stdout
-    family = trtllm.family_of(version)
-    expected = trtllm.llm_api_options(PRESETS[preset], family)
+    release = RELEASES[line or PRESETS[preset].trtllm_default]
+    assert f"image {release.image}" in done.stdout
+    data = PRESETS[preset].model_dump()
+    if data["build"]:
+        data["build"]["calib_dataset"] = "/data/omr.jsonl"
+    expected_preset = type(PRESETS[preset]).model_validate(data)
+    expected = trtllm.llm_api_options(expected_preset, release)
     if expected:
         written = yaml.safe_load((out / "extra-llm-api-config.yml").read_text())
         assert written == expected
-    plan = trtllm.plan(PRESETS[preset], family=family, out=out)
+    plan = trtllm.plan(expected_preset, release=release, out=out)
     for step in [*plan.steps, plan.server]:  # every command line, exactly
         assert shlex.join(step.argv) in done.stdout.splitlines()
     assert (out / "launch.sh").read_text() == plan.files[out / "launch.sh"]
 
 
-def test_dry_run_default_family_without_tensorrt_llm(bare_env, tmp_path):
+def test_dry_run_default_is_the_source_material(bare_env, tmp_path):
     done = _serve(bare_env, "--engine", "trtllm", "--preset", "gpt-oss-120b-eagle3", "--dry-run")
     assert done.returncode == 0, done.stderr
-    assert "1.2 family (default" in done.stdout
+    assert "TensorRT-LLM 1.3 (the preset's default line)" in done.stdout
     folder = Path(done.stdout.split("# config folder: ")[1].splitlines()[0])
     assert folder.is_relative_to(tmp_path / "cache")
-    assert "decoding_type: Eagle3" in (folder / "extra-llm-api-config.yml").read_text()
+    text = (folder / "extra-llm-api-config.yml").read_text()
+    assert "decoding_type: Eagle\n" in text and "speculative_model_dir:" in text
+
+
+def test_impossible_combinations_are_refused_before_anything_runs(bare_env, tmp_path):
+    out = tmp_path / "never"
+    for args, message in (
+        (["--trtllm-version", "1.0", "--launcher", "docker", "--image",
+          "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc12"], "name one line"),
+        (["--trtllm-version", "1.9"], "no schema here"),
+    ):  # fmt: skip
+        done = _serve(bare_env, "--engine", "trtllm", "--preset", "gpt-oss-120b-eagle3",
+                      "--dry-run", "--out", str(out), *args)  # fmt: skip
+        assert done.returncode == 1 and message in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert not out.exists()
 
 
 def test_dry_run_vllm_and_sglang(bare_env, tmp_path):
@@ -86,8 +113,9 @@ def test_dry_run_vllm_and_sglang(bare_env, tmp_path):
 
 def test_no_equivalent_is_one_clear_error(bare_env):
     done = _serve(
-        bare_env, "--engine", "sglang", "--preset", "openmath-14b-fp8-redrafter", "--dry-run"
-    )
+        bare_env, "--engine", "sglang", "--preset", "openmath-14b-fp8-redrafter", "--dry-run",
+        "--calib-dataset", "/c",
+    )  # fmt: skip
     assert done.returncode == 1
     assert "SGLang has no redrafter" in done.stderr
     assert "Traceback" not in done.stderr

@@ -19,7 +19,7 @@ def test_vllm_gpt_oss_eagle3():
     argv = vllm.plan(PRESETS["gpt-oss-120b-eagle3"]).server.argv
     assert argv == [
         "vllm", "serve", "openai/gpt-oss-120b", "--tensor-parallel-size", "1",
-        "--max-num-seqs", "1", "--gpu-memory-utilization", "0.9", "--no-enable-prefix-caching",
+        "--max-num-seqs", "1", "--disable-prefix-caching",
         "--speculative-config",
         '{"method":"eagle3","num_speculative_tokens":5,"model":"nvidia/gpt-oss-120b-Eagle3-long-context"}',
         "--host", "127.0.0.1", "--port", "8000",
@@ -33,7 +33,14 @@ def test_vllm_draft_model_and_ngram():
         "num_speculative_tokens": 4,
         "model": "nvidia/Llama-3.1-8B-Instruct-FP4",
     }
-    assert llama[llama.index("--gpu-memory-utilization") + 1] == "0.9"
+    # TensorRT-LLM's KV-cache share is not vLLM's share of the whole GPU: left to vLLM.
+    assert "--gpu-memory-utilization" not in llama
+    plan = vllm.plan(PRESETS["llama3.3-70b-fp4-draft-target"])
+    assert any("share of the whole GPU" in note for note in plan.notes)
+    own = PRESETS["llama3.3-70b-fp4-draft-target"].model_copy(
+        update={"gpu_memory_utilization": 0.8}
+    )
+    assert vllm.serve_argv(own)[vllm.serve_argv(own).index("--gpu-memory-utilization") + 1] == "0.8"
     ngram = ServePreset(
         name="n", summary="n", model="m",
         speculation={"method": "ngram", "max_draft_len": 4, "max_matching_ngram_size": 3},
@@ -50,7 +57,7 @@ def test_vllm_multi_node_uses_ray_and_the_interfaces():
     plan = vllm.plan(PRESETS["qwen3-235b-eagle3-tp2"])
     argv = plan.server.argv
     assert argv[argv.index("--distributed-executor-backend") + 1] == "ray"
-    assert "--no-enable-chunked-prefill" in argv
+    assert "--disable-chunked-prefill" in argv
     assert argv[-4:] == ["--host", "0.0.0.0", "--port", "8355"]
     assert plan.server.env["NCCL_SOCKET_IFNAME"] == "enp1s0f1np1,enP2p1s0f1np1"
     assert any("ray start --head" in note for note in plan.notes)
@@ -60,8 +67,8 @@ def test_sglang_eagle3_and_standalone():
     argv = sglang.plan(PRESETS["gpt-oss-120b-eagle3"]).server.argv
     assert argv == [
         "python3", "-m", "sglang.launch_server", "--model-path", "openai/gpt-oss-120b",
-        "--tp-size", "1", "--max-running-requests", "1", "--mem-fraction-static", "0.9",
-        "--disable-radix-cache", "--cuda-graph-max-bs", "1",
+        "--tp-size", "1", "--max-running-requests", "1",
+        "--disable-radix-cache", "--cuda-graph-max-bs-decode", "1",
         "--speculative-algorithm", "EAGLE3",
         "--speculative-draft-model-path", "nvidia/gpt-oss-120b-Eagle3-long-context",
         "--speculative-num-steps", "5", "--speculative-eagle-topk", "1",
