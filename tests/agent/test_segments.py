@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from tests.agent.fakes import Turn
@@ -30,7 +32,7 @@ async def test_segments_tile_the_generation_and_name_their_calls(template):
     _, result, _, _ = await run(TURNS[template], template=template)
     generation, segments = result.generation, result.segments
     assert segments[0].start == 0 and segments[-1].end == len(generation)
-    assert all(a.end == b.start for a, b in zip(segments, segments[1:], strict=False))
+    assert all(a.end == b.start for a, b in pairwise(segments))
     expected = [("text", None), ("code", 0), ("output", 0)]
     expected += [("text", None), ("code", 1), ("output", 1), ("text", None)]
     assert _kinds(result) == expected
