@@ -147,7 +147,8 @@ def report(
         Path | None, typer.Option(help="Comparison page path (default A/compare-<B>.html).")
     ] = None,
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print a comparison's numbers as JSON.")
+        bool,
+        typer.Option("--json", help="Print the page path (and a comparison's numbers) as JSON."),
     ] = False,
 ) -> None:
     """Rebuild DIR/report.html, or compare two eval runs side by side (A B)."""
@@ -157,7 +158,11 @@ def report(
         raise fail(f"report takes one folder or two to compare, got {len(dirs)}", code=2)
     try:
         if len(dirs) == 1:
-            typer.echo(str(write_report(dirs[0])))
+            page = write_report(dirs[0])
+            if as_json:
+                print_json({"page": str(page)})
+            else:
+                typer.echo(str(page))
             return
         path = write_comparison(dirs[0], dirs[1], out)
         if as_json:
