@@ -8,9 +8,9 @@ TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed-stamp
 DEMO_PROBLEM ?= What is 17 * 23 + 5?
 
-.PHONY: setup demo test lint docker image model clean
+.PHONY: setup demo test lint docker image model browser clean
 
-setup: $(STAMP) docker image model
+setup: $(STAMP) docker image model browser
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +28,10 @@ image: $(STAMP) docker
 
 model: $(STAMP)
 	$(PY) -m mathagent fetch-model >/dev/null
+
+# Debian's chromium for the report's headless-browser test (playwright drives it; no download).
+browser:
+	./scripts/ensure_chromium.sh >/dev/null
 
 demo: setup
 	$(VENV)/bin/mathagent solve "$(DEMO_PROBLEM)"

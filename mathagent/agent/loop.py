@@ -31,6 +31,7 @@ from mathagent.agent.feedback import feedback_text
 from mathagent.agent.formats import ChunkSplitter, ToolSyntax, TurnEnd
 from mathagent.agent.llm import LLM, Conversation, DeadlineExceeded, Finish, GenParams, LLMError
 from mathagent.agent.result import SampleResult, Timing, ToolCall, Usage
+from mathagent.agent.segments import SegmentLog
 from mathagent.agent.session import CodeSession, SandboxFailure, SessionLimits
 from mathagent.sandbox.base import Sandbox
 
@@ -73,13 +74,8 @@ class SampleLoop:
         index: int = 0,
         deadline: float | None = None,
     ) -> None:
-        self.llm, self.family, self.problem, self.params, self.index = (
-            llm,
-            family,
-            problem,
-            params,
-            index,
-        )
+        self.llm, self.family, self.problem = llm, family, problem
+        self.params, self.index = params, index
         self.syntax: ToolSyntax | None = family.syntax if params.tools else None
         if self.syntax is not None and sandbox is None:
             raise ValueError("tools are on but no sandbox was given")
@@ -90,6 +86,7 @@ class SampleLoop:
         self.deadline = deadline
         self.generation = ""
         self.calls: list[ToolCall] = []
+        self.log = SegmentLog()
         self.usage = Usage()
         self._model_s = 0.0
         self._reason, self._error = "eos", None
@@ -115,6 +112,7 @@ class SampleLoop:
                 agent_s=max(total - self._model_s - sandbox_s, 0.0),
             ),
             error=error,
+            segments=[s.model_copy() for s in self.log.segments],
         )
 
     async def events(self) -> AsyncIterator[Event]:
@@ -127,6 +125,7 @@ class SampleLoop:
         try:
             async with aclosing(self._run()) as steps:
                 async for event in steps:
+                    self.log.add(event)
                     yield event
             reason, error = self._reason, self._error
         except DeadlineExceeded:

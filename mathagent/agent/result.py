@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 
@@ -14,6 +16,15 @@ class ToolCall(BaseModel):
     stderr: str = ""
     state_lost: bool = False
     duration_s: float = 0.0
+
+
+class Segment(BaseModel):
+    """One run of a generation: ``generation[start:end]`` is model text, code or tool output."""
+
+    kind: Literal["text", "code", "output"]
+    start: int
+    end: int
+    call: int | None = Field(None, description="index into tool_calls (code and output runs)")
 
 
 class Usage(BaseModel):
@@ -44,6 +55,10 @@ class SampleResult(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     timing: Timing = Field(default_factory=Timing)
     error: str | None = None
+    segments: list[Segment] = Field(
+        default_factory=list,
+        description="how the generation splits into text, code and output (offsets only)",
+    )
 
 
 class SolveResult(BaseModel):

@@ -11,6 +11,18 @@ from rich.panel import Panel
 from rich.text import Text
 
 from mathagent.agent.events import DoneEvent, Event, TextEvent, ToolResultEvent
+from mathagent.agent.result import ToolCall
+
+
+def output_title(call: ToolCall) -> str:
+    """The title of a call's output box (the terminal's and the eval report's)."""
+    title = f"output · {call.status} · {call.duration_s:.2f} s"
+    return title + " · session restarted" if call.state_lost else title
+
+
+def output_body(call: ToolCall) -> str:
+    """What a call's output box shows: stdout then stderr, as the sandbox returned them."""
+    return (call.stdout + call.stderr).rstrip("\n") or "(no output)"
 
 
 class Transcript:
@@ -41,13 +53,15 @@ class Transcript:
 
     def _tool_result(self, event: ToolResultEvent) -> None:
         call = event.call
-        body = (call.stdout + call.stderr).rstrip("\n") or "(no output)"
         style = "green" if call.status == "completed" else "red"
-        title = f"output · {call.status} · {call.duration_s:.2f} s"
-        if call.state_lost:
-            title += " · session restarted"
         self._newline()
-        self.console.print(Panel(Text(body), title=title, title_align="left", border_style=style))
+        panel = Panel(
+            Text(output_body(call)),
+            title=output_title(call),
+            title_align="left",
+            border_style=style,
+        )
+        self.console.print(panel)
 
     def _done(self, event: DoneEvent) -> None:
         result = event.result

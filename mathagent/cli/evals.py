@@ -139,11 +139,35 @@ def _bench_line(row: dict) -> str:
     )
 
 
-def report(out: Annotated[Path, typer.Argument(help="An eval or bench output folder.")]) -> None:
-    """Rebuild report.html for an eval or bench folder."""
-    from mathagent.evals.report import write_report
+def report(
+    dirs: Annotated[
+        list[Path], typer.Argument(help="An eval or bench folder, or two eval folders A B.")
+    ],
+    out: Annotated[
+        Path | None, typer.Option(help="Comparison page path (default A/compare-<B>.html).")
+    ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option("--json", help="Print the page path (and a comparison's numbers) as JSON."),
+    ] = False,
+) -> None:
+    """Rebuild DIR/report.html, or compare two eval runs side by side (A B)."""
+    from mathagent.evals.report import comparison, load_run, write_comparison, write_report
 
+    if len(dirs) > 2:
+        raise fail(f"report takes one folder or two to compare, got {len(dirs)}", code=2)
     try:
-        typer.echo(str(write_report(out)))
+        if len(dirs) == 1:
+            page = write_report(dirs[0])
+            if as_json:
+                print_json({"page": str(page)})
+            else:
+                typer.echo(str(page))
+            return
+        path = write_comparison(dirs[0], dirs[1], out)
+        if as_json:
+            print_json({**comparison(load_run(dirs[0]), load_run(dirs[1])), "page": str(path)})
+        else:
+            typer.echo(str(path))
     except (FileNotFoundError, ValueError) as exc:
         raise fail(str(exc)) from exc

@@ -104,6 +104,7 @@ def make_record(
         "is_correct": is_correct,
         "generation": result.generation,
         "tool_calls": [call.model_dump() for call in result.tool_calls],
+        "segments": [segment.model_dump() for segment in result.segments],
         "num_generated_tokens": result.num_generated_tokens,
         "latency_s": latency_s,
         "finish_reason": result.finish_reason,

@@ -2,7 +2,8 @@
 
 With tools, `mathagent eval` starts the embedded engine and the Docker sandbox itself. Without
 tools, runs go to one embedded server started here (a single model load), and a run killed
-with SIGKILL twice resumes to every (problem, sample) exactly once. The report renders.
+with SIGKILL twice resumes to every (problem, sample) exactly once. The report renders and
+passes its own checks in a headless Chromium.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from mathagent.config import EngineSettings, Settings
+from tests.evals.browser import open_report
 
 pytestmark = [pytest.mark.model]
 LIMIT = 5
@@ -78,6 +80,11 @@ def _assert_report(out: Path) -> None:
     page = (out / "report.html").read_text()
     assert len(re.findall(r"data:image/png;base64,", page)) == 3
     assert "majority@1" in page
+    # The fresh run's page in a real browser: its own checks, no console error, nothing fetched.
+    seen = open_report(out / "report.html", out / "screenshots", "eval")
+    assert seen.checks["ok"], seen.checks["failures"]
+    assert seen.errors == [] and seen.blocked == []
+    assert seen.checks["samples"] == len(_records(out))
 
 
 @pytest.mark.docker
