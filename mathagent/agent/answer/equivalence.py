@@ -16,7 +16,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from mathagent.agent.answer.normal import Prepared, choice_letter, gold_choice, prepare
+from mathagent.agent.answer.assignments import assigned_values, tuple_elements
+from mathagent.agent.answer.normal import Prepared, choice_letter, prepare, stated_choice
 from mathagent.agent.answer.numbers import (
     Number,
     bare_digits,
@@ -65,8 +66,19 @@ def answers_match(
 
 def _rules(pred: Prepared, gold: Prepared, modulo: int | None) -> bool | None:
     """The layer's verdict where it has one; None hands the pair to math-verify."""
-    if (letter := gold_choice(gold)) is not None:
-        return choice_letter(pred) == letter
+    if (choice := stated_choice(gold)) is not None:
+        letter, value = choice
+        picked = choice_letter(pred)
+        if picked is None and value:  # "12" for "(B) 12": the choice's value
+            return answers_match(pred.text, value, modulo=modulo)
+        return picked == letter
+    if (choice := stated_choice(pred)) is not None and choice[1]:
+        # "(B) 12" for "12": the value of the choice it picks (as "12" for "(B) 12" above)
+        return answers_match(choice[1], _written(gold), modulo=modulo)
+    if _set_against_tuple(pred.text, gold.text):
+        return False
+    if (named := _named_values(pred.text, gold.text)) is not None:
+        return named
     base = _bases(pred.text, gold.text)
     if base is not None:
         return base
@@ -81,6 +93,34 @@ def _rules(pred: Prepared, gold: Prepared, modulo: int | None) -> bool | None:
         return True if _numbers_match(pred_num, pred.percent, gold_num, gold.percent) else None
     if pred.text.replace(" ", "") == gold.text.replace(" ", "") and pred.percent == gold.percent:
         return True
+    return None
+
+
+def _written(answer: Prepared) -> str:
+    """A prepared answer as text again (its percent sign back)."""
+    return f"{answer.text}\\%" if answer.percent else answer.text
+
+
+def _set_against_tuple(pred: str, gold: str) -> bool:
+    """A set in braces against a tuple or interval in parentheses: math-verify finds
+    ``\\{1, 2\\}`` equal to ``(1, 2)``, though the one has no order and the other is ordered
+    (or an interval)."""
+    for left, right in ((pred, gold), (gold, pred)):
+        if left.startswith("\\{") and left.endswith("\\}") and tuple_elements(right):
+            return True
+    return False
+
+
+def _named_values(pred: str, gold: str) -> bool | None:
+    """Assignments against a tuple (:mod:`.assignments`): the values in their variables' order,
+    element by element; None where neither side is such a pair."""
+    for named, other in ((pred, gold), (gold, pred)):
+        values, elements = assigned_values(named), tuple_elements(other)
+        if values is not None and elements is not None:
+            return len(values) == len(elements) and all(
+                answers_match(v, e) if named is pred else answers_match(e, v)
+                for v, e in zip(values, elements, strict=True)
+            )
     return None
 
 

@@ -18,12 +18,24 @@ _WRAPPERS = ("boxed", "fbox", "text", "textbf", "textrm", "textit", "mathrm", "m
 _WRAPPER = re.compile(r"\\(" + "|".join(_WRAPPERS) + r")\s*\{")
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree|\\circ")
 _PERCENT = re.compile(r"\s*(?:\\%|%|\bpercent)\s*$")
-# A spacing command is one backslash before , ; : ! or a space, never the second of a `\\`.
-_SPACES = re.compile(r"(?<!\\)\\[,;:! ]|~|\\q?quad\b")
+# Matched left to right, so a row break `\\` (with its optional `[2pt]`) is taken whole and a
+# spacing command after it (`\\\ `) is still seen: rows keep their break, spacing becomes a space.
+_SPACES = re.compile(r"(\\\\)(?:\[[^\]]*\])?|\\[,;:! ]|~|\\q?quad\b")
 _PREFIX = re.compile(r"^(?i:(?:the\s+)?(?:final\s+)?answer(?:\s+is)?)\s*[:=]?\s*")
-_UNITS = re.compile(r"^([-+]?[\d,]*\.?\d+)\s+[A-Za-z][A-Za-z0-9\s./^{}-]*$")
-_CHOICE_GOLD = re.compile(r"^\(?([A-E])\)?$|^\(([A-Ea-e])\)\s*\S.*$")
+# Trailing units: words (a single letter only where it is a unit, never a variable like x or n),
+# each with an optional power, joined by spaces or "/": "18 cm^2", "5 km/h", "3 in."
+_UNIT = r"(?:[A-Za-z]{2,}|[mgshlLKJNWV])\.?(?:\^\{?-?\d\}?)?"
+_UNITS = re.compile(rf"^([-+]?[\d,]*\.?\d+)\s+{_UNIT}(?:(?:\s*/\s*|\s+){_UNIT})*$")
+_TRIG = re.compile(r"\\(?:sin|cos|tan|cot|sec|csc)\b")
+_DEGREE_VALUE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:\^\s*\{?\s*\\circ\s*\}?|°|\\degree)")
+# A reference choice: "B", "(B)", or a letter with its value: "(B) 12", "B. 12", "B) 12", "B: 12".
+_CHOICE_GOLD = re.compile(r"^\(?([A-E])\)?$|^(?:\(([A-Ea-e])\)|([A-E])[.:)])\s*(\S.*)$")
 _CHOICE = re.compile(r"^\(\s*([A-Ea-e])\s*\)(?:\s*.*)?$|^([A-Ea-e])(?:[.:)](?:\s*.*)?)?$")
+# "2 and 3", "x = 3 \\text{ or } x = -3": a list, as math-verify reads "2, 3"
+_CONJUNCTION = re.compile(r"\s*(?:\\text\s*\{\s*(?:and|or)\s*\}|\s(?:and|or)\s)\s*")
+# Inline math delimiters; never the "\\(" of a row break followed by "(", never a currency "\\$".
+_INLINE_MATH = re.compile(r"(?<!\\)\\[()]|(?<!\\)\$")
+_BRACES = {"\\lbrace": "\\{", "\\rbrace": "\\}"}
 _EMPTY_SET = re.compile(r"\\varnothing|^\\\{\s*\\\}$")
 
 
@@ -46,13 +58,21 @@ def _unwrap(text: str) -> str:
 
 
 def _strip_math(text: str) -> str:
-    """Without its math delimiters (and a sentence's period after them: ``$42$.``)."""
+    """Without its math delimiters: around the whole (``\\[ 7 \\]``), or around each piece
+    (``$1$, $2$``), and a sentence's period after them (``$42$.``)."""
     if text.endswith(("$.", "\\].", "\\).")):
         text = text[:-1]
-    for a, b in (("\\[", "\\]"), ("\\(", "\\)"), ("$", "$")):
-        if text.startswith(a) and text.endswith(b) and len(text) >= len(a) + len(b):
-            text = text[len(a) : len(text) - len(b)].strip()
-    return text
+    if text.startswith("\\[") and text.endswith("\\]"):
+        text = text[2:-2]
+    return _INLINE_MATH.sub("", text).strip()
+
+
+def _degrees(text: str) -> str:
+    """Degree marks dropped ("30^\\circ" is the answer 30), except inside a trig function,
+    where they turn into radians ("\\sin 30^\\circ" is sin(30 pi/180), not sin 30)."""
+    if _TRIG.search(text):
+        text = _DEGREE_VALUE.sub(r"(\1\\pi/180)", text)
+    return _DEGREES.sub("", text).strip()
 
 
 def prepare(answer: str) -> Prepared:
@@ -60,12 +80,19 @@ def prepare(answer: str) -> Prepared:
     text = str(answer).strip()
     if (boxed := last_boxed(text)) is not None:
         text = boxed
-    text = _unwrap(text).replace("\\left", "").replace("\\right", "").replace("{,}", ",")
+    text = (
+        _unwrap(_CONJUNCTION.sub(", ", text))
+        .replace("\\left", "")
+        .replace("\\right", "")
+        .replace("{,}", ",")
+    )
     text = text.replace("\\displaystyle", "").replace("−", "-")
-    text = _SPACES.sub(" ", text).strip()
+    text = _SPACES.sub(lambda m: m.group(1) or " ", text).strip()
     text = _strip_math(text)
     text = _PREFIX.sub("", text).removeprefix("\\$").removeprefix("$").strip()
-    text = _DEGREES.sub("", text).strip()
+    text = _degrees(text)
+    for brace, plain in _BRACES.items():
+        text = text.replace(brace, plain)
     text = _EMPTY_SET.sub(r"\\emptyset", text)
     if not text.endswith(".."):
         text = text.rstrip(".").strip()
@@ -81,10 +108,14 @@ def normalize_answer(answer: str) -> str:
     return prepare(answer).text
 
 
-def gold_choice(gold: Prepared) -> str | None:
-    """The letter of a multiple-choice reference: ``B``, ``(B)`` or ``(B) 12``."""
-    match = _CHOICE_GOLD.match(gold.text)
-    return (match.group(1) or match.group(2)).upper() if match else None
+def stated_choice(answer: Prepared) -> tuple[str, str] | None:
+    """The letter of an answer written as a choice (``B``, ``(B)``, ``(B) 12``, ``B. 12``) and
+    the value written with it ("" when none); None for anything else."""
+    match = _CHOICE_GOLD.match(answer.text)
+    if match is None:
+        return None
+    letter = match.group(1) or match.group(2) or match.group(3)
+    return letter.upper(), (match.group(4) or "").strip()
 
 
 def choice_letter(answer: Prepared) -> str | None:

@@ -8,9 +8,10 @@ stdin/stdout), and a call that overruns its deadline kills and replaces the chil
 as "no match". The child is started on first use, so a solve whose answers compare without
 it never imports sympy.
 
-Two additions to math-verify's verdict, both where it is wrong (tests/agent/test_grading.py):
+Three additions to math-verify's verdict, each where it is wrong (tests/agent/test_answer_rules.py):
 an inequality answer is compared as the set it describes with an interval gold
-(``allow_set_relation_comp``: math-verify only does it the other way round), and constants
+(``allow_set_relation_comp``: math-verify only does it the other way round); a list of
+inequalities in one variable ("x < -1 or x > 1") as the union of what each allows; and constants
 written with the imaginary unit (``e^{i\\pi}``, ``(1+i)^2``) are compared with ``i`` read as
 ``I``, which math-verify leaves a plain symbol.
 """
@@ -52,7 +53,38 @@ def _verdict(gold: str, predicted: str) -> bool:
     pred_parsed = parse(_math(predicted), parsing_timeout=None)
     if verify(gold_parsed, pred_parsed, timeout_seconds=None, allow_set_relation_comp=True):
         return True
-    return bool(gold_parsed and pred_parsed) and _complex_equal(gold_parsed[0], pred_parsed[0])
+    if not (gold_parsed and pred_parsed):
+        return False
+    gold_expr, pred_expr = gold_parsed[0], pred_parsed[0]
+    return _complex_equal(gold_expr, pred_expr) or _same_solution_set(gold_expr, pred_expr)
+
+
+def _same_solution_set(gold: object, predicted: object) -> bool:
+    """A list of inequalities in one variable (``x < -1, x > 1``, "or" between them) against a
+    set of intervals: the union of what each inequality allows. math-verify parses the list as a
+    set of relations and compares it with nothing."""
+    import sympy
+
+    a, b = _relations_union(gold), _relations_union(predicted)
+    if (a is None) == (b is None):
+        return False
+    a, b = (e if u is None else u for e, u in ((gold, a), (predicted, b)))
+    if not all(isinstance(e, sympy.Set) for e in (a, b)):
+        return False
+    return bool(a.symmetric_difference(b).is_empty)  # type: ignore[union-attr]
+
+
+def _relations_union(expr: object) -> object | None:
+    """The set a list of inequalities in one variable allows; None for anything else."""
+    import sympy
+
+    if not isinstance(expr, sympy.FiniteSet) or len(expr.args) < 2:
+        return None
+    if not all(isinstance(r, sympy.core.relational.Relational) for r in expr.args):
+        return None
+    if len(set().union(*(r.free_symbols for r in expr.args))) != 1:
+        return None
+    return sympy.Union(*(r.as_set() for r in expr.args))
 
 
 def _math(text: str) -> str:
