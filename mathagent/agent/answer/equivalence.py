@@ -3,9 +3,10 @@
 math-verify decides, on the answers' normal forms (:mod:`.normal`), gold first, in a child
 process with a hard deadline (:mod:`.verifier`). A rule decides before it only where
 math-verify is wrong or cannot read the form, each with a test that fails without it
-(tests/agent/test_grading.py): multiple-choice letters, integers in a base, AIMO's modulo, and
-the numeric forms of :mod:`.numbers` (repeating decimals, scientific notation, ellipses,
-percentages against their fractions). A number rule only ever says "equal"; unequal numbers
+(tests/agent/test_answer_rules.py): multiple-choice letters and the value written with a choice,
+assignments against a tuple (:mod:`.assignments`), a brace set against a tuple, integers in a
+base, AIMO's modulo, and the numeric forms of :mod:`.numbers` (repeating decimals, scientific
+notation, ellipses, percentages against their fractions). A number rule only ever says "equal"; unequal numbers
 still go to math-verify, so its float rounding (``0.3333333 = 1/3``) stays. When math-verify
 finds the normal forms unequal it is asked again about the answers as written, so the layer
 never loses an "equal" that math-verify gives them.
