@@ -16,7 +16,12 @@ from dataclasses import dataclass
 from mathagent.agent.harmony_render import CHANNEL, final_message
 
 _BOXED = ("\\boxed", "\\fbox")
-_FINAL = re.compile(r"final answer is[:\s]*\$?([^\n$]+?)\$?\s*(?:\.\s*)?(?:\n|$)", re.IGNORECASE)
+# "The final answer is X": X in $...$ or \(...\), else up to the end of its sentence or line
+# ("The final answer is $5$. I hope it is correct." as Minerva-style prompts end).
+_FINAL = re.compile(
+    r"final answer is[:\s]*(?:\$([^$\n]+)\$|\\\((.+?)\\\)|([^\n$]+?))\s*(?:\.(?=\s|$)|\n|$)",
+    re.IGNORECASE,
+)
 # The keyword in any case, the letter in capitals: "the answer is a prime" names no choice.
 _CHOICE = re.compile(
     r"\b(?i:answer|option|choice)(?:\s+(?i:is))?\s*:?\s*\**\s*\(?\s*([A-E])\s*\)?\**(?![\w(])"
@@ -85,7 +90,7 @@ def extract_answer(text: str, tags: ThinkTags = DEFAULT_THINK) -> str | None:
     if max(region.rfind(tag) for tag in _BOXED) >= 0:
         return last_boxed(region) or None
     if matches := _FINAL.findall(region):
-        answer = matches[-1].strip().rstrip(".").strip()
+        answer = "".join(matches[-1]).strip().rstrip(".").strip()
         return answer or None
     if choices := _CHOICE.findall(region):
         return choices[-1]
