@@ -33,6 +33,7 @@ DEFAULT_TIMEOUT_S = 5.0
 # Thousands separators inside an expression ("1,000 + 24"); lists and tuples keep theirs.
 _THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d,])")
 _DECIMAL = re.compile(r"[-+]?[\d,]*\.\d+")
+_INEXACT = re.compile(r"[.eE]|\\times|\\cdot|x")
 
 
 def answers_match(
@@ -91,10 +92,19 @@ def _rules(pred: Prepared, gold: Prepared, modulo: int | None) -> bool | None:
             and pred_num.value.numerator % modulo == gold_num.value.numerator % modulo
         )
     if pred_num is not None and gold_num is not None:
-        return True if _numbers_match(pred_num, pred.percent, gold_num, gold.percent) else None
+        if _numbers_match(pred_num, pred.percent, gold_num, gold.percent):
+            return True
+        # Two exact values (integers, fractions) differ for math-verify too; only a decimal
+        # or a percentage leaves it something to round, so only those go on to it.
+        return False if _exact(pred) and _exact(gold) else None
     if pred.text.replace(" ", "") == gold.text.replace(" ", "") and pred.percent == gold.percent:
         return True
     return None
+
+
+def _exact(answer: Prepared) -> bool:
+    """A number written without a decimal point, exponent or percent sign."""
+    return not answer.percent and not _INEXACT.search(answer.text)
 
 
 def _written(answer: Prepared) -> str:
