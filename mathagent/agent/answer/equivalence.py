@@ -117,7 +117,8 @@ def _set_against_tuple(pred: str, gold: str) -> bool:
     ``\\{1, 2\\}`` equal to ``(1, 2)``, though the one has no order and the other is ordered
     (or an interval)."""
     for left, right in ((pred, gold), (gold, pred)):
-        if left.startswith("\\{") and left.endswith("\\}") and tuple_elements(right):
+        plain_set = left.startswith("\\{") and left.endswith("\\}") and "(" not in left
+        if plain_set and tuple_elements(right):
             return True
     return False
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from mathagent.agent.answer.assignments import split_top
 from mathagent.agent.answer.extract import braced, last_boxed
 from mathagent.agent.answer.numbers import parse_number
 
@@ -67,6 +68,14 @@ def _strip_math(text: str) -> str:
     return _INLINE_MATH.sub("", text).strip()
 
 
+def _single_member(text: str) -> str:
+    """A set of one answer is that answer (``\\{(1, 2)\\}``); set-builder notation stays."""
+    if not (text.startswith("\\{") and text.endswith("\\}")) or re.search(r"\\mid|[|:]", text):
+        return text
+    inner = text[2:-2].strip()
+    return inner if inner and len(split_top(inner)) == 1 else text
+
+
 def _degrees(text: str) -> str:
     """Degree marks dropped ("30^\\circ" is the answer 30), except inside a trig function,
     where they turn into radians ("\\sin 30^\\circ" is sin(30 pi/180), not sin 30)."""
@@ -94,6 +103,7 @@ def prepare(answer: str) -> Prepared:
     for brace, plain in _BRACES.items():
         text = text.replace(brace, plain)
     text = _EMPTY_SET.sub(r"\\emptyset", text)
+    text = _single_member(text)
     if not text.endswith(".."):
         text = text.rstrip(".").strip()
     percent = bool(_PERCENT.search(text))
