@@ -1,7 +1,7 @@
 """The project's labelled pair set (grading_pairs.txt): the grader gives every label, and the
 agent's vote puts a pair into one cluster exactly when the grader calls it equal.
 
-Slow-ish (about a minute on 2 busy cores) because it grades the whole set, 909 pairs, most
+Slow-ish (about a minute on 2 busy cores) because it grades the whole set, 915 pairs, most
 through the math-verify child, three times: once for the labels and twice for the vote (both
 sample orders). benchmarks/grading_bench.py measures math-verify alone and sympy on it too.
 """

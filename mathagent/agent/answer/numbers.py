@@ -107,8 +107,9 @@ def numbers_equal(a: Number, b: Number) -> bool:
         return True
     for shown, other in ((a, b), (b, a)):
         if shown.cut is not None and other.cut is None:
-            # "0.333..." is 1/3 cut (or rounded) at its last shown digit.
-            return abs(other.value - shown.value) < Fraction(1, 10**shown.cut)
+            # "0.333..." is 1/3 cut at its last shown digit, "0.667..." 2/3 rounded there.
+            step, gap = Fraction(1, 10**shown.cut), abs(other.value) - abs(shown.value)
+            return (other.value < 0) == (shown.value < 0) and -step / 2 <= gap < step
     return False
 
 
