@@ -54,7 +54,7 @@ def answers_match(
     pred, gold = prepare(predicted), prepare(expected)
     if not pred.text:
         return False
-    verdict = _rules(pred, gold, modulo)
+    verdict = _rules(pred, gold, modulo, timeout_s)
     if verdict is not None:
         return verdict
     verifier = default_verifier()
@@ -66,20 +66,21 @@ def answers_match(
     return verifier.equivalent(raw_gold, raw_pred, timeout_s)
 
 
-def _rules(pred: Prepared, gold: Prepared, modulo: int | None) -> bool | None:
+def _rules(pred: Prepared, gold: Prepared, modulo: int | None, timeout_s: float) -> bool | None:
     """The layer's verdict where it has one; None hands the pair to math-verify."""
+    again = {"modulo": modulo, "timeout_s": timeout_s}  # for the parts compared on their own
     if (choice := stated_choice(gold)) is not None:
         letter, value = choice
         picked = choice_letter(pred)
         if picked is None and value:  # "12" for "(B) 12": the choice's value
-            return answers_match(pred.text, value, modulo=modulo)
+            return answers_match(pred.text, value, **again)
         return picked == letter
     if (choice := stated_choice(pred)) is not None and choice[1]:
         # "(B) 12" for "12": the value of the choice it picks (as "12" for "(B) 12" above)
-        return answers_match(choice[1], _written(gold), modulo=modulo)
+        return answers_match(choice[1], _written(gold), **again)
     if _set_against_tuple(pred.text, gold.text):
         return False
-    if (named := _named_values(pred.text, gold.text)) is not None:
+    if (named := _named_values(pred.text, gold.text, timeout_s)) is not None:
         return named
     base = _bases(pred.text, gold.text)
     if base is not None:
@@ -123,14 +124,16 @@ def _set_against_tuple(pred: str, gold: str) -> bool:
     return False
 
 
-def _named_values(pred: str, gold: str) -> bool | None:
+def _named_values(pred: str, gold: str, timeout_s: float) -> bool | None:
     """Assignments against a tuple (:mod:`.assignments`): the values in their variables' order,
     element by element; None where neither side is such a pair."""
     for named, other in ((pred, gold), (gold, pred)):
         values, elements = assigned_values(named), tuple_elements(other)
         if values is not None and elements is not None:
             return len(values) == len(elements) and all(
-                answers_match(v, e) if named is pred else answers_match(e, v)
+                answers_match(v, e, timeout_s=timeout_s)
+                if named is pred
+                else answers_match(e, v, timeout_s=timeout_s)
                 for v, e in zip(values, elements, strict=True)
             )
     return None
