@@ -6,10 +6,11 @@ math-verify is wrong or cannot read the form, each with a test that fails withou
 (tests/agent/test_answer_rules.py): multiple-choice letters and the value written with a choice,
 assignments against a tuple (:mod:`.assignments`), a brace set against a tuple, integers in a
 base, AIMO's modulo, and the numeric forms of :mod:`.numbers` (repeating decimals, scientific
-notation, ellipses, percentages against their fractions). A number rule only ever says "equal"; unequal numbers
-still go to math-verify, so its float rounding (``0.3333333 = 1/3``) stays. When math-verify
-finds the normal forms unequal it is asked again about the answers as written, so the layer
-never loses an "equal" that math-verify gives them.
+notation, ellipses, percentages against their fractions). Two exact numbers that differ are
+unequal; a decimal or percentage the rules find unequal still goes to math-verify, so its float
+rounding (``0.3333333 = 1/3``) stays. When math-verify finds the normal forms unequal it is
+asked again about the answers as written, so the layer never loses an "equal" that math-verify
+gives them.
 """
 
 from __future__ import annotations
