@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import uvicorn
 
-from mathagent.agent.answer import normalize
+from mathagent.agent.answer import answers_match
 from mathagent.agent.api import create_app
 from mathagent.agent.solver import SolveOptions, Solver
 from mathagent.config import Settings
@@ -50,7 +50,7 @@ async def split_wall_time(solver: Solver, problems: list[dict], max_tokens: int)
         )
         for key in parts:
             parts[key] += getattr(result.timing, key)
-        correct += bool(result.answer) and normalize(result.answer) == normalize(p["answer"])
+        correct += answers_match(result.answer, p["answer"])
         tool_calls += len(result.tool_calls)
         tokens += result.usage.completion_tokens
     return {

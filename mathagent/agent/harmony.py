@@ -17,7 +17,6 @@ from dataclasses import replace
 from mathagent.agent.formats import ToolSyntax, TurnEnd, remaining_notice
 from mathagent.agent.harmony_render import (
     CALL,
-    CHANNEL,
     END,
     MESSAGE,
     RETURN,
@@ -25,6 +24,7 @@ from mathagent.agent.harmony_render import (
     HarmonyMessage,
     HarmonyRenderer,
     default_renderer,
+    final_message,
 )
 from mathagent.agent.llm import NOT_REPORTED, Finish
 
@@ -132,19 +132,7 @@ class HarmonyFormat(ToolSyntax):
 
     def answer_region(self, generation: str) -> str | None:
         """The last final-channel message's text; None when the model wrote none."""
-        marker, at = f"{CHANNEL}final", len(generation)
-        while (at := generation.rfind(marker, 0, at)) >= 0:
-            after = generation[at + len(marker) : at + len(marker) + 1]
-            if after in ("", " ", "<"):
-                break
-        if at < 0:
-            return None
-        body = generation.find(MESSAGE, at)
-        if body < 0:
-            return None
-        body += len(MESSAGE)
-        ends = [i for i in (generation.find(t, body) for t in (*ENDS, START)) if i >= 0]
-        return generation[body : min(ends, default=len(generation))]
+        return final_message(generation)
 
 
 def _last_message(text: str) -> tuple[str, str | None]:

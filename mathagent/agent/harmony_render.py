@@ -204,3 +204,19 @@ def default_renderer() -> HarmonyRenderer:
         except Exception:  # a corrupt or mismatched vocabulary: the text path renders the same
             return TextRenderer()
     return TextRenderer()
+
+
+def final_message(generation: str) -> str | None:
+    """The text of the last final-channel message of a generation; None when it has none."""
+    marker, at = f"{CHANNEL}final", len(generation)
+    while (at := generation.rfind(marker, 0, at)) >= 0:
+        if generation[at + len(marker) : at + len(marker) + 1] in ("", " ", "<"):
+            break  # "final" itself, not a channel whose name starts so
+    if at < 0:
+        return None
+    body = generation.find(MESSAGE, at)
+    if body < 0:
+        return None
+    body += len(MESSAGE)
+    ends = [i for i in (generation.find(t, body) for t in (END, CALL, RETURN, START)) if i >= 0]
+    return generation[body : min(ends, default=len(generation))]

@@ -15,7 +15,7 @@ from contextlib import aclosing
 
 from pydantic import BaseModel, Field
 
-from mathagent.agent.answer import normalize
+from mathagent.agent.answer import cluster_answers
 from mathagent.agent.events import DoneEvent, Event, ResultEvent
 from mathagent.agent.llm import LLM
 from mathagent.agent.loop import SampleLoop, SampleParams
@@ -43,13 +43,20 @@ class SolveOptions(BaseModel):
 
 
 def majority_vote(answers: list[str | None]) -> str | None:
-    """The most common answer (compared in normalized form); ties go to the earliest sample."""
-    keys = [normalize(a) if a else None for a in answers]
-    counts = Counter(k for k in keys if k)
+    """The answer of the largest cluster of equal answers (equal as the grader judges them:
+    ``1/2``, ``\\frac{1}{2}`` and ``0.5`` are one answer); ties go to the cluster of the
+    earliest sample, no-answers do not vote. Returns that cluster's first answer.
+
+    Symbolic comparisons may take a while: async callers run this in a thread.
+    """
+    labels = cluster_answers(answers)
+    counts = Counter(label for label in labels if label is not None)
     if not counts:
         return None
     best = max(counts.values())
-    return next(a for a, k in zip(answers, keys, strict=True) if k and counts[k] == best)
+    return next(
+        a for a, k in zip(answers, labels, strict=True) if k is not None and counts[k] == best
+    )
 
 
 class Solver:
@@ -128,14 +135,15 @@ class Solver:
                 yield event
                 if isinstance(event, DoneEvent):
                     done[event.sample] = event.result
-                    if early and _agreed(done, early):
+                    if early and await asyncio.to_thread(_agreed, done, early):
                         break
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         samples = [done.get(lp.index) or lp.snapshot(unfinished) for lp in loops]
-        yield ResultEvent(result=_combine(samples, time.perf_counter() - started))
+        answer = await asyncio.to_thread(majority_vote, [s.answer for s in samples])
+        yield ResultEvent(result=_combine(samples, answer, time.perf_counter() - started))
 
     async def solve(
         self,
@@ -186,11 +194,17 @@ class Solver:
 
 
 def _agreed(done: dict[int, SampleResult], k: int) -> bool:
-    counts = Counter(normalize(r.answer) for r in done.values() if r.answer)
+    """``k`` finished samples state one answer (clustered as the vote clusters them)."""
+    counts = Counter(label for label in cluster_answers(_answers(done)) if label is not None)
     return bool(counts) and max(counts.values()) >= k
 
 
-def _combine(samples: list[SampleResult], wall_s: float) -> SolveResult:
+def _answers(done: dict[int, SampleResult]) -> list[str | None]:
+    """Answers in sample order, so clusters (and ties) do not depend on finishing order."""
+    return [done[i].answer for i in sorted(done)]
+
+
+def _combine(samples: list[SampleResult], answer: str | None, wall_s: float) -> SolveResult:
     """Vote and add up; with concurrent samples the time parts sum to more than ``total_s``."""
     usage = Usage()
     timing = Timing(total_s=wall_s)
@@ -205,7 +219,7 @@ def _combine(samples: list[SampleResult], wall_s: float) -> SolveResult:
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
     errors = [s.error for s in samples if s.error]
     return SolveResult(
-        answer=majority_vote([s.answer for s in samples]),
+        answer=answer,
         samples=samples,
         tool_calls=calls,
         usage=usage,

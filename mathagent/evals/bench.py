@@ -22,7 +22,7 @@ import httpx
 
 from mathagent.evals.acceptance import AcceptanceMeter
 from mathagent.evals.datasets import Problem
-from mathagent.evals.grading import answers_match, extract_boxed
+from mathagent.evals.grading import answers_match, extract_answer
 from mathagent.evals.report import BENCH_FILE, write_report
 
 PROMPT_SUFFIX = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -125,7 +125,7 @@ async def _stream_one(
         return RequestStats(problem.id, "", None, False, 0, latency, latency, error=str(exc))
     latency = time.perf_counter() - t0
     text = "".join(pieces)
-    answer = extract_boxed(text)
+    answer = extract_answer(text)
     correct = await asyncio.to_thread(answers_match, answer, problem.answer, modulo=problem.modulo)
     tokens = usage_tokens if usage_tokens is not None else chunks
     return RequestStats(problem.id, text, answer, correct, tokens, ttft or latency, latency)

@@ -1,8 +1,9 @@
 """Accuracy and speed metrics over result records, with NeMo-Skills' metric names.
 
 Accuracies are percentages as in NeMo-Skills: ``pass@1[avg-of-N]`` (mean per-sample accuracy),
-``majority@k`` (vote over the first k samples; no-answers do not vote; a tie between t answers
-gives each 1/t credit), ``pass@k`` (the unbiased estimator of Chen et al. 2021 over all n
+``majority@k`` (vote over the first k samples, answers clustered by the grader's equivalence as
+the agent's vote clusters them; no-answers do not vote; a tie between t answers gives each 1/t
+credit), ``pass@k`` (the unbiased estimator of Chen et al. 2021 over all n
 samples of a problem), ``no_answer`` (samples without an answer).
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from mathagent.evals.grading import canonical_answer
+from mathagent.agent.answer import cluster_answers
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -28,8 +29,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def majority_score(votes: Sequence[tuple[str | None, bool]]) -> float:
-    """Credit of a majority vote over (answer key, is_correct) pairs; ties share credit."""
+def majority_score(votes: Sequence[tuple[int | str | None, bool]]) -> float:
+    """Credit of a majority vote over (answer cluster, is_correct) pairs; ties share credit."""
     counts = Counter(key for key, _ in votes if key is not None)
     if not counts:
         return 0.0
@@ -66,19 +67,22 @@ def accuracy_metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, float | 
         f"pass@1[avg-of-{n}]": 100
         * mean(mean(bool(r["is_correct"]) for r in rows) for rows in groups.values()),
     }
+    # One clustering per problem serves every k: a prefix clusters as it does inside the whole.
+    clusters = {
+        pid: cluster_answers([r.get("predicted_answer") for r in rows])
+        for pid, rows in groups.items()
+    }
     for k in k_values(n):
         votes = [
-            [(canonical_answer(r.get("predicted_answer")), bool(r["is_correct"])) for r in rows[:k]]
-            for rows in groups.values()
+            [(c, bool(r["is_correct"])) for c, r in zip(clusters[pid], rows[:k], strict=False)]
+            for pid, rows in groups.items()
         ]
         out[f"majority@{k}"] = 100 * mean(majority_score(v) for v in votes)
         out[f"pass@{k}"] = 100 * mean(
             pass_at_k(len(rows), sum(bool(r["is_correct"]) for r in rows), min(k, len(rows)))
             for rows in groups.values()
         )
-    out["no_answer"] = 100 * mean(
-        canonical_answer(r.get("predicted_answer")) is None for r in samples
-    )
+    out["no_answer"] = 100 * mean(label is None for labels in clusters.values() for label in labels)
     return out
 
 

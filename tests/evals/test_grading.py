@@ -7,14 +7,10 @@ from fractions import Fraction
 
 import pytest
 
-from mathagent.evals.grading import (
-    answers_match,
-    canonical_answer,
-    extract_boxed,
-    normalize_answer,
-    parse_number,
-)
-from mathagent.evals.verifier import Verifier
+from mathagent.agent.answer import cluster_answers, extract_answer, normalize_answer
+from mathagent.agent.answer.numbers import parse_number
+from mathagent.agent.answer.verifier import Verifier
+from mathagent.evals.grading import answers_match
 
 MATCH = [
     ("leading zeros", "025", "25"),
@@ -91,26 +87,30 @@ def test_modulo_compares_integers_modulo_the_base():
 
 
 def test_parse_number_exact_values():
-    assert parse_number("1,000") == 1000
-    assert parse_number("-0.125") == Fraction(-1, 8)
-    assert parse_number("3E-2") == Fraction(3, 100)
-    assert parse_number("1.2\\overline{3}") == Fraction(37, 30)
+    values = {
+        "1,000": Fraction(1000),
+        "-0.125": Fraction(-1, 8),
+        "3E-2": Fraction(3, 100),
+        "1.2\\overline{3}": Fraction(37, 30),
+        "3\\frac{1}{2}": Fraction(7, 2),
+    }
+    for text, value in values.items():
+        number = parse_number(text)
+        assert number is not None and number.value == value, text
     assert parse_number("x+1") is None
     assert parse_number("1/0") is None
 
 
-def test_extract_boxed_takes_the_last_balanced_group():
-    assert extract_boxed("a \\boxed{1} then \\boxed{\\frac{1}{2}} end") == "\\frac{1}{2}"
-    assert extract_boxed("no box here") is None
-    assert extract_boxed("\\boxed{unclosed") is None
+def test_extraction_takes_the_last_balanced_box():
+    assert extract_answer("a \\boxed{1} then \\boxed{\\frac{1}{2}} end") == "\\frac{1}{2}"
+    assert extract_answer("no box here") is None
+    assert extract_answer("\\boxed{unclosed") is None
     assert normalize_answer("The answer is \\boxed{\\text{(B)}}") == "(B)"
 
 
-def test_canonical_answer_groups_equal_numbers():
-    assert canonical_answer("025") == canonical_answer("25.0") == canonical_answer("\\boxed{25}")
-    assert canonical_answer("26") != canonical_answer("25")
-    assert canonical_answer(None) is None
-    assert canonical_answer("  ") is None
+def test_clusters_group_equal_numbers():
+    labels = cluster_answers(["025", "25.0", "\\boxed{25}", "26", None, "  "])
+    assert labels == [0, 0, 0, 1, None, None]
 
 
 def test_grading_works_off_the_main_thread():

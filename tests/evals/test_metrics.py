@@ -91,3 +91,11 @@ def test_busy_seconds_merges_overlaps():
     assert busy_seconds([(0, 2), (1, 3), (5, 6)]) == 4
     assert busy_seconds([(0, 10), (2, 3)]) == 10
     assert busy_seconds([]) == 0
+
+
+def test_majority_clusters_answers_by_the_graders_equivalence():
+    # Three spellings of one value outvote two threes, as the agent's vote counts them.
+    answers = [("\\sqrt{8}", True), ("2\\sqrt{2}", True), ("\\sqrt{2} \\cdot 2", True)]
+    rows = _rows("p", [*answers, ("3", False), ("3", False)])
+    assert summarize(rows)["majority@5"] == 100.0
+    assert summarize(rows)["majority@2"] == 100.0
