@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mathagent.agent.llm import LLMError, ModelCard, model_card, open_llm
+from mathagent.agent.llm import LLMError, open_llm
+from mathagent.agent.model_card import ModelCard, model_card
 from mathagent.agent.plan import plan_for, planned_samples
 from mathagent.agent.prompts import ChatTemplate
 from mathagent.agent.solver import Solver

@@ -79,8 +79,8 @@ class Conversation:
 class LLM:
     """Streams completions from one model behind one or more OpenAI-compatible endpoints.
 
-    ``client`` is one endpoint's client or a :class:`ReplicaSet` (each attempt leases the least
-    loaded healthy replica; a failed one is taken out while the attempt is retried). ``chat_template`` (completions mode) is what the prompt renderer uses; ``context_len`` is the
+    ``client``: one endpoint's client, or a :class:`ReplicaSet` (each attempt leases the least
+    loaded replica; one that fails is taken out). ``chat_template`` (completions mode) is what the prompt renderer uses; ``context_len`` is the
     server's context (``max_model_len`` of ``/v1/models``) when it reports one.
     """
 
@@ -143,13 +143,15 @@ class LLM:
         self, conv: Conversation, generation: str, params: GenParams, deadline: float
     ) -> AsyncIterator[str | Finish]:
         """One request on a leased replica; a failure of the replica's own takes it out."""
-        async with self.replicas.lease(deadline) as replica:
+        # Waiting for a replica to come back is bounded like waiting for a response.
+        wait_until = min(deadline, asyncio.get_running_loop().time() + self.request_timeout_s)
+        async with self.replicas.lease(wait_until) as replica:
             chunks, finished = 0, False
             try:
                 async for item in self._request(replica, conv, generation, params, deadline):
                     if isinstance(item, Finish):
                         replica.completion_tokens += item.completion_tokens or chunks
-                        finished = True
+                        finished = replica.seen_alive = True
                     else:
                         chunks += 1
                     yield item
@@ -162,17 +164,12 @@ class LLM:
                     replica.completion_tokens += chunks
 
     async def _request(
-        self,
-        replica: Replica,
-        conv: Conversation,
-        generation: str,
-        params: GenParams,
-        deadline: float,
+        self, replica: Replica, conv: Conversation, gen: str, params: GenParams, deadline: float
     ) -> AsyncIterator[str | Finish]:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(min(loop.time() + self.request_timeout_s, deadline)):
-                stream = await self._open(replica.client, conv, generation, params)
+                stream = await self._open(replica.client, conv, gen, params)
         except TimeoutError as exc:
             raise self._timeout(deadline) from exc
         except openai.APIStatusError as exc:
@@ -300,31 +297,3 @@ def open_llm(
         backoff_s=settings.backoff_s,
         context_len=context_len,
     )
-
-
-@dataclass(frozen=True)
-class ModelCard:
-    """What ``/v1/models`` says about a served model."""
-
-    id: str
-    max_model_len: int | None = None
-
-
-async def model_card(base_url: str, api_key: str = "EMPTY", model: str | None = None) -> ModelCard:
-    """The endpoint's card for ``model`` (default: the first it lists).
-
-    vLLM and the embedded server report ``max_model_len``; TensorRT-LLM does not (``None``).
-    A server that lists other names than ``model`` still serves it: then no context is known.
-    """
-    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=1) as client:
-        try:
-            models = await client.models.list()
-        except openai.APIError as exc:
-            raise LLMError(f"cannot list the models at {base_url}: {exc}") from exc
-    if not models.data:
-        raise LLMError(f"the endpoint at {base_url} serves no model")
-    card = next((m for m in models.data if model is None or m.id == model), None)
-    if card is None:
-        return ModelCard(model or models.data[0].id)
-    length = (card.model_extra or {}).get("max_model_len")
-    return ModelCard(card.id, length if isinstance(length, int) and length > 0 else None)

@@ -6,7 +6,9 @@ or reset, a 5xx, a timeout, a stream cut short) is taken out and probed back in
 (``GET /v1/models``) by a background task: at once, then with the backoff of
 :mod:`mathagent.agent.retry`; the caller retries its request on another one. When every
 replica is out, a lease waits until one is back (or the caller's deadline). One URL is the
-same set with one member, so a single server that restarts is waited for too.
+same set with one member, so a single server that restarts is waited for too. A replica that
+has never answered (a wrong URL, a server not up yet) is not waited for: it is tried as it is,
+so the caller's own retries decide, as with a plain client.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Replica:
     taken_out: int = 0
     completion_tokens: int = 0
     healthy: bool = True
+    seen_alive: bool = False  # it has answered a request or a probe
     busy_s: float = 0.0  # time with at least one request in flight
     _busy_since: float | None = field(default=None, repr=False)
 
@@ -102,11 +105,12 @@ class ReplicaSet:
         async with changed:
             try:
                 async with asyncio.timeout_at(deadline if deadline < math.inf else None):
-                    await changed.wait_for(lambda: any(r.healthy for r in self.replicas))
+                    await changed.wait_for(lambda: any(map(_usable, self.replicas)))
             except TimeoutError:
                 raise NoReplica(f"no model server of {self.urls} came back in time") from None
             replica = min(
-                (r for r in self.replicas if r.healthy), key=lambda r: (r.in_flight, r.requests)
+                filter(_usable, self.replicas),
+                key=lambda r: (not r.healthy, r.in_flight, r.requests),
             )
             _start(replica)
         try:
@@ -136,7 +140,7 @@ class ReplicaSet:
                 await wait_to_retry(attempt, self.backoff_s, math.inf, max_s=PROBE_MAX_WAIT_S)
         changed = self._condition()
         async with changed:
-            replica.healthy = True
+            replica.healthy = replica.seen_alive = True
             changed.notify_all()
 
     def stats(self) -> list[dict[str, Any]]:
@@ -150,6 +154,11 @@ class ReplicaSet:
         for replica in self.replicas:
             with contextlib.suppress(Exception):
                 await replica.client.close()
+
+
+def _usable(replica: Replica) -> bool:
+    """Healthy, or never seen alive (then tried as it is, not waited for)."""
+    return replica.healthy or not replica.seen_alive
 
 
 def _start(replica: Replica) -> None:

@@ -67,15 +67,20 @@ def plan_replicas(
     device: str,
     threads: int | None,
     extra_args: list[str],
+    gpus: list[str] | None = None,
 ) -> ReplicaPlan:
     """One replica per visible GPU (CUDA) or an equal share of the CPU threads each.
 
     ``device`` is the engine setting (``auto``, ``cpu``, ``cuda[:N]``); ``threads`` the user's
-    thread setting (unset: every core).
+    thread setting (unset: every core); ``gpus`` the GPU ids to hand out (unset: the visible
+    ones).
     """
     if replicas < 1:
         raise ReplicaError("--replicas wants at least 1")
-    gpus = _visible_gpus() if device != "cpu" else []
+    if device == "cpu":
+        gpus = []
+    elif gpus is None:
+        gpus = _visible_gpus()
     if device.startswith("cuda") and not gpus:
         raise ReplicaError("no CUDA GPU is visible")
     if gpus:
@@ -87,13 +92,15 @@ def plan_replicas(
 
 
 def _visible_gpus() -> list[str]:
-    """The GPU ids this process may hand out: ``CUDA_VISIBLE_DEVICES``, else torch's count."""
-    named = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if named is not None:
-        return [g.strip() for g in named.split(",") if g.strip() and g.strip() != "-1"]
+    """The GPU ids this process may hand out: those ``CUDA_VISIBLE_DEVICES`` names, else 0..N-1."""
     import torch
 
-    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    if not torch.cuda.is_available():
+        return []
+    named = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if named is not None:  # ids as the user named them (indices or UUIDs)
+        return [g.strip() for g in named.split(",") if g.strip()][: torch.cuda.device_count()]
+    return [str(i) for i in range(torch.cuda.device_count())]
 
 
 def run_replicas(plan: ReplicaPlan, echo: Callable[[str], None], timeout_s: float = 600) -> int:
@@ -116,8 +123,10 @@ def run_replicas(plan: ReplicaPlan, echo: Callable[[str], None], timeout_s: floa
         if not _wait_ready(plan, procs, timeout_s, lambda: stopping):
             return 0 if stopping else 1
         for i, url in enumerate(plan.urls()):
-            where = f"GPU {plan.gpus[i]}" if plan.device == "cuda" else f"{plan.threads} threads"
-            echo(f"replica {i}: {url} ({where})")
+            where = (
+                f"GPU {plan.gpus[i]}" if plan.device == "cuda" else f"CPU, {plan.threads} thread(s)"
+            )
+            echo(f"replica {i}: {url} ({where}, pid {procs[i].pid})")
         echo(f"MATHAGENT_BASE_URL={','.join(plan.urls())}")
         return _supervise(procs, lambda: stopping, echo)
     finally:

@@ -1,7 +1,7 @@
 """Evaluation across replicas, with faults, on real embedded servers and real `mathagent eval`.
 
 Each server is a real `mathagent serve --engine embedded` process on the default model (one
-thread each). Two replicas, one killed with SIGKILL mid-run: the eval finishes on the other
+thread each; the two replicas come from `mathagent serve --replicas 2`). Two replicas, one killed with SIGKILL mid-run: the eval finishes on the other
 with every (problem, sample) written exactly once. One replica killed with SIGKILL and started
 again on its port (issue 20's fault run): the eval waits for it, retries, and loses nothing.
 Generations are short and tools off, so each test takes well under a minute of model time.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -84,6 +85,7 @@ class Server:
 
 @pytest.fixture
 def servers() -> Iterator[list[Server]]:
+    """Servers a test started, stopped after it."""
     started: list[Server] = []
     yield started
     for server in started:
@@ -127,25 +129,48 @@ def _assert_all_once(out: Path) -> None:
     assert set(keys.values()) == {1}  # nothing duplicated
 
 
-def test_replica_killed_mid_run_loses_nothing(tmp_path: Path, servers: list[Server]) -> None:
-    a, b = Server(_free_port()), Server(_free_port())
-    servers += [a.launch(), b.launch()]  # both load at once
-    a.ready(), b.ready()
-    out = tmp_path / "run"
-    proc = _eval(out, [a.url, b.url])
-    _wait_rows(out, 2, proc)
-    b.kill()  # while its share of the 4 samples in flight is being generated
-    summary = _finish(proc)
-    _assert_all_once(out)
-    assert summary["complete"] and summary["num_failed"] == 0
-    by_url = {row["url"]: row for row in summary["replicas"]}
-    assert by_url[b.url]["failures"] >= 1 and not by_url[b.url]["healthy"]
-    assert by_url[a.url]["failures"] == 0 and by_url[a.url]["requests"] > 0
-    assert sum(row["completion_tokens"] for row in summary["replicas"]) > 0
-    # Resume with the dead replica still listed: nothing redone, nothing added.
-    again = _finish(_eval(out, [b.url, a.url]))
-    _assert_all_once(out)
-    assert again["complete"] and all(row["requests"] == 0 for row in again["replicas"])
+def _start_replicas(port: int) -> tuple[subprocess.Popen, list[str], list[int]]:
+    """`mathagent serve --engine embedded --replicas 2`: the URLs and pids it prints."""
+    env = {**ENV, "MATHAGENT_ENGINE__THREADS": "2"}  # one thread each
+    args = ["serve", "--engine", "embedded", "--replicas", "2", "--port", str(port)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mathagent", *args], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    urls, pids = [], []
+    for line in proc.stdout:
+        if line.startswith("replica "):
+            urls.append(line.split()[2])
+            pids.append(int(re.search(r"pid (\d+)", line).group(1)))
+        if line.startswith("MATHAGENT_BASE_URL="):
+            assert line.strip().split("=", 1)[1] == ",".join(urls)
+            return proc, urls, pids
+    raise AssertionError(f"the replicas did not start ({proc.wait()})")
+
+
+def test_replica_killed_mid_run_loses_nothing(tmp_path: Path) -> None:
+    supervisor, (a, b), (_, b_pid) = _start_replicas(_free_port())
+    try:
+        out = tmp_path / "run"
+        proc = _eval(out, [a, b])
+        _wait_rows(out, 2, proc)
+        os.kill(b_pid, signal.SIGKILL)  # while its share of the 4 samples in flight runs
+        summary = _finish(proc)
+        _assert_all_once(out)
+        assert summary["complete"] and summary["num_failed"] == 0
+        by_url = {row["url"]: row for row in summary["replicas"]}
+        assert by_url[b]["failures"] >= 1 and not by_url[b]["healthy"]
+        assert by_url[a]["failures"] == 0 and by_url[a]["requests"] > 0
+        assert sum(row["completion_tokens"] for row in summary["replicas"]) > 0
+        # Resume with the dead replica still listed first: nothing redone, nothing added.
+        again = _finish(_eval(out, [b, a]))
+        _assert_all_once(out)
+        assert again["complete"] and all(row["requests"] == 0 for row in again["replicas"])
+    finally:
+        supervisor.terminate()
+        supervisor.wait(timeout=60)
+    with pytest.raises(httpx.HTTPError):  # SIGTERM stopped the surviving replica too
+        httpx.get(f"{a}/models", timeout=2)
 
 
 def test_single_server_killed_and_restarted(tmp_path: Path, servers: list[Server]) -> None:
