@@ -89,6 +89,11 @@ def main() -> None:
             for i in range(args.rounds):
                 for chosen in (urls[:1], urls):
                     runs.append(run_eval(chosen, args, Path(tmp) / f"r{i}-{len(chosen)}"))
+                    print(
+                        json.dumps({k: v for k, v in runs[-1].items() if k != "answers"}),
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -97,6 +102,7 @@ def main() -> None:
     ratios = [b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(one, two, strict=True)]
     sample_ratios = [b["samples_per_s"] / a["samples_per_s"] for a, b in zip(one, two, strict=True)]
     agree = sum(one[0]["answers"][k] == v for k, v in two[0]["answers"].items())
+    compared = len(two[0]["answers"])
     for run in runs:
         del run["answers"]
     report = {
@@ -106,7 +112,7 @@ def main() -> None:
         "speedup_tokens_per_s": [round(x, 3) for x in ratios],
         "speedup_samples_per_s": [round(x, 3) for x in sample_ratios],
         "median_speedup_tokens_per_s": round(statistics.median(ratios), 3),
-        "answers_agreeing_one_vs_two": f"{agree}/{len(two[0]['answers'])}",
+        "answers_agreeing_one_vs_two": f"{agree}/{compared}",
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     print(json.dumps(report, indent=2))

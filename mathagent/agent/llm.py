@@ -149,9 +149,10 @@ class LLM:
             chunks, finished = 0, False
             try:
                 async for item in self._request(replica, conv, generation, params, deadline):
+                    replica.seen_alive = True  # it answered
                     if isinstance(item, Finish):
                         replica.completion_tokens += item.completion_tokens or chunks
-                        finished = replica.seen_alive = True
+                        finished = True
                     else:
                         chunks += 1
                     yield item

@@ -27,6 +27,7 @@ from mathagent.agent.retry import wait_to_retry
 
 PROBE_TIMEOUT_S = 5.0
 PROBE_MAX_WAIT_S = 5.0  # probes back off to at most this (a restarted server is found fast)
+PROBE_MIN_WAIT_S = 0.05  # a zero backoff setting must not make the probe spin
 
 
 class NoReplica(Exception):
@@ -137,7 +138,8 @@ class ReplicaSet:
                 break
             except Exception:  # any failure means "not back yet"
                 attempt += 1
-                await wait_to_retry(attempt, self.backoff_s, math.inf, max_s=PROBE_MAX_WAIT_S)
+                base = max(self.backoff_s, PROBE_MIN_WAIT_S)
+                await wait_to_retry(attempt, base, math.inf, max_s=PROBE_MAX_WAIT_S)
         changed = self._condition()
         async with changed:
             replica.healthy = replica.seen_alive = True
