@@ -4,7 +4,8 @@ Each server is a real `mathagent serve --engine embedded` process on the default
 thread each; the two replicas come from `mathagent serve --replicas 2`). Two replicas, one killed with SIGKILL mid-run: the eval finishes on the other
 with every (problem, sample) written exactly once. One replica killed with SIGKILL and started
 again on its port (issue 20's fault run): the eval waits for it, retries, and loses nothing.
-Generations are short and tools off, so each test takes well under a minute of model time.
+Generations are short and tools off; each test takes 1.5-2 minutes on 2 shared cores, mostly
+the model loads (three per test), slow because a fault run needs real servers to kill.
 """
 
 from __future__ import annotations
