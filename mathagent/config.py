@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mathagent.serving.engine.spec_config import EMBEDDED_METHODS
@@ -131,7 +131,9 @@ class Settings(BaseSettings):
     )
 
     base_url: str | None = Field(
-        None, description="OpenAI-compatible endpoint; unset = start the embedded engine"
+        None,
+        description="OpenAI-compatible endpoint, or replicas of one as a comma-separated list; "
+        "unset = start the embedded engine",
     )
     model: str | None = Field(
         None, description="model name at base_url, or a model path for the embedded engine"
@@ -148,6 +150,18 @@ class Settings(BaseSettings):
     engine: EngineSettings = EngineSettings()
     sandbox: SandboxSettings = SandboxSettings()
     agent: AgentSettings = AgentSettings()
+
+    @field_validator("base_url")
+    @classmethod
+    def _urls_listed(cls, value: str | None) -> str | None:
+        if value is not None and not any(u.strip() for u in value.split(",")):
+            raise ValueError("lists no URL (give one, or several separated by commas)")
+        return value
+
+    @property
+    def base_urls(self) -> list[str]:
+        """The endpoints of ``base_url`` (one, or the replicas of a comma-separated list)."""
+        return [u.strip() for u in (self.base_url or "").split(",") if u.strip()]
 
     @property
     def model_dir(self) -> Path:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mathagent.agent.llm import LLMError, ModelCard, model_card, open_llm
+from mathagent.agent.llm import LLMError, open_llm
+from mathagent.agent.model_card import ModelCard, model_card
 from mathagent.agent.plan import plan_for, planned_samples
 from mathagent.agent.prompts import ChatTemplate
 from mathagent.agent.solver import Solver
@@ -39,9 +40,10 @@ class SolverRuntime:
     """A ready solver and what it talks to."""
 
     solver: Solver
-    base_url: str
+    base_url: str  # the first endpoint (the only one unless replicas were given)
     model: str
     embedded: bool
+    base_urls: list[str]
 
 
 def v1_root(base_url: str) -> str:
@@ -79,13 +81,15 @@ async def open_solver(
             rows = concurrent_rows or settings.engine.max_batch_size
             server = await asyncio.to_thread(_start_embedded, settings, rows)
             stack.callback(server.__exit__, None, None, None)
-            base_url = server.base_url
-            card = await _card(base_url, settings, server.model_name)
+            urls = [server.base_url]
+            card = await _card(urls[0], settings, server.model_name)
             if server.engine.tokenizer:
                 template = ChatTemplate(server.engine.tokenizer)
         else:
-            base_url = v1_root(settings.base_url)
-            card = await _card(base_url, settings, settings.model)
+            urls = [v1_root(u) for u in settings.base_urls]
+            if not urls:
+                raise ValueError("the base URL lists no endpoint")
+            card = await _first_card(urls, settings)
         family = plan_for(settings.agent, card.id).family
         if family.harmony is not None and settings.agent.api_mode == "chat":
             raise LLMError(
@@ -96,7 +100,7 @@ async def open_solver(
         if template is None and family.harmony is None:
             template = chat_template_for(settings, card.id)
         llm = open_llm(
-            base_url,
+            urls,
             card.id,
             settings.agent,
             settings.llm_api_key,
@@ -104,9 +108,9 @@ async def open_solver(
             context_len=card.max_model_len,
             renders_itself=family.harmony is not None,
         )
-        stack.push_async_callback(llm.client.close)
+        stack.push_async_callback(llm.replicas.aclose)
         solver = Solver(llm, sandbox, settings.agent)
-        yield SolverRuntime(solver, base_url, card.id, embedded=settings.base_url is None)
+        yield SolverRuntime(solver, urls[0], card.id, settings.base_url is None, urls)
 
 
 async def _card(base_url: str, settings: Settings, model: str | None) -> ModelCard:
@@ -117,6 +121,16 @@ async def _card(base_url: str, settings: Settings, model: str | None) -> ModelCa
         if model is None:
             raise RuntimeError(f"{exc} (give --model)") from exc
         return ModelCard(model)
+
+
+async def _first_card(urls: list[str], settings: Settings) -> ModelCard:
+    """The card of the first replica that answers (a replica down at the start is skipped)."""
+    for url in urls[:-1]:
+        try:
+            return await model_card(url, settings.llm_api_key, settings.model)
+        except LLMError:
+            continue
+    return await _card(urls[-1], settings, settings.model)
 
 
 def _start_embedded(settings: Settings, rows: int) -> Any:
@@ -198,7 +212,7 @@ async def run_eval(request: EvalRequest, settings: Settings) -> dict[str, Any]:
             "dataset": request.dataset,
             "tools": request.tools,
             "model": rt.model,
-            "base_url": "embedded" if rt.embedded else rt.base_url,
+            "base_url": "embedded" if rt.embedded else ",".join(rt.base_urls),
             "temperature": plan.temperature,
             "max_tokens": plan.max_tokens,
             "prompt_format": plan.family.name,

@@ -50,3 +50,17 @@ def test_bad_values_are_rejected(clean_env):
     clean_env.setenv("MATHAGENT_SANDBOX__POOL_SIZE", "-1")
     with pytest.raises(ValidationError):
         Settings()
+
+
+def test_base_url_takes_one_endpoint_or_a_comma_list_of_replicas(clean_env):
+    from pydantic import ValidationError
+
+    from mathagent.config import Settings
+
+    clean_env.setenv("MATHAGENT_BASE_URL", "http://a:8000/v1")
+    assert Settings().base_urls == ["http://a:8000/v1"]
+    clean_env.setenv("MATHAGENT_BASE_URL", "http://a:8000/v1, http://b:8001/v1,")
+    assert Settings().base_urls == ["http://a:8000/v1", "http://b:8001/v1"]
+    clean_env.setenv("MATHAGENT_BASE_URL", " , ")
+    with pytest.raises(ValidationError, match="lists no URL"):
+        Settings()

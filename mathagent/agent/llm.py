@@ -19,6 +19,7 @@ from typing import Any, Literal
 import httpx
 import openai
 
+from mathagent.agent.replicas import NoReplica, Replica, ReplicaSet
 from mathagent.agent.retry import wait_to_retry
 from mathagent.config import AgentSettings
 
@@ -38,7 +39,11 @@ class DeadlineExceeded(Exception):
 
 
 class _Retryable(Exception):
-    pass
+    """Worth another attempt; ``replica_down`` says the server itself failed (not a 408/429)."""
+
+    def __init__(self, message: str, replica_down: bool = True) -> None:
+        super().__init__(message)
+        self.replica_down = replica_down
 
 
 @dataclass
@@ -72,15 +77,16 @@ class Conversation:
 
 
 class LLM:
-    """Streams completions from one model behind an OpenAI-compatible endpoint.
+    """Streams completions from one model behind one or more OpenAI-compatible endpoints.
 
-    ``chat_template`` (completions mode) is what the prompt renderer uses; ``context_len`` is the
+    ``client``: one endpoint's client, or a :class:`ReplicaSet` (each attempt leases the least
+    loaded replica; one that fails is taken out). ``chat_template`` (completions mode) is what the prompt renderer uses; ``context_len`` is the
     server's context (``max_model_len`` of ``/v1/models``) when it reports one.
     """
 
     def __init__(
         self,
-        client: openai.AsyncOpenAI,
+        client: openai.AsyncOpenAI | ReplicaSet,
         model: str,
         chat_template: Any = None,
         mode: Literal["completions", "chat"] = "completions",
@@ -89,9 +95,16 @@ class LLM:
         backoff_s: float = 0.5,
         context_len: int | None = None,
     ) -> None:
-        self.client, self.model, self.mode = client, model, mode
+        if not isinstance(client, ReplicaSet):
+            client = ReplicaSet([Replica(str(client.base_url), client)], backoff_s)
+        self.replicas, self.model, self.mode = client, model, mode
         self.chat_template, self.context_len = chat_template, context_len
         self.request_timeout_s, self.retries, self.backoff_s = request_timeout_s, retries, backoff_s
+
+    @property
+    def client(self) -> openai.AsyncOpenAI:
+        """The first replica's client (the only one for a single endpoint)."""
+        return self.replicas.replicas[0].client
 
     async def stream(
         self, conv: Conversation, generation: str, params: GenParams, deadline: float
@@ -118,6 +131,8 @@ class LLM:
                     item.completion_tokens = spent + (item.completion_tokens or chunks)
                     yield item
                     return
+            except NoReplica as exc:
+                raise LLMError(str(exc)) from exc
             except _Retryable as exc:
                 last = str(exc)
                 # A failed attempt still cost its streamed tokens (one chunk ~ one token).
@@ -127,10 +142,35 @@ class LLM:
     async def _attempt(
         self, conv: Conversation, generation: str, params: GenParams, deadline: float
     ) -> AsyncIterator[str | Finish]:
+        """One request on a leased replica; a failure of the replica's own takes it out."""
+        # Waiting for a replica to come back is bounded like waiting for a response.
+        wait_until = min(deadline, asyncio.get_running_loop().time() + self.request_timeout_s)
+        async with self.replicas.lease(wait_until) as replica:
+            chunks, finished = 0, False
+            try:
+                async for item in self._request(replica, conv, generation, params, deadline):
+                    replica.seen_alive = True  # it answered
+                    if isinstance(item, Finish):
+                        replica.completion_tokens += item.completion_tokens or chunks
+                        finished = True
+                    else:
+                        chunks += 1
+                    yield item
+            except _Retryable as exc:
+                if exc.replica_down:
+                    self.replicas.fail(replica)
+                raise
+            finally:
+                if not finished:  # cut short (a failure, or the agent stopped at the answer)
+                    replica.completion_tokens += chunks
+
+    async def _request(
+        self, replica: Replica, conv: Conversation, gen: str, params: GenParams, deadline: float
+    ) -> AsyncIterator[str | Finish]:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout_at(min(loop.time() + self.request_timeout_s, deadline)):
-                stream = await self._open(conv, generation, params)
+                stream = await self._open(replica.client, conv, gen, params)
         except TimeoutError as exc:
             raise self._timeout(deadline) from exc
         except openai.APIStatusError as exc:
@@ -166,7 +206,9 @@ class LLM:
             return DeadlineExceeded()
         return _Retryable(f"no response within {self.request_timeout_s:g} s")
 
-    async def _open(self, conv: Conversation, generation: str, params: GenParams) -> Any:
+    async def _open(
+        self, client: openai.AsyncOpenAI, conv: Conversation, generation: str, params: GenParams
+    ) -> Any:
         common: dict[str, Any] = {
             "model": self.model,
             "stream": True,
@@ -181,14 +223,14 @@ class LLM:
         if params.extra:
             common["extra_body"] = params.extra
         if self.mode == "completions":
-            return await self.client.completions.create(prompt=conv.prompt + generation, **common)
+            return await client.completions.create(prompt=conv.prompt + generation, **common)
         messages = list(conv.messages)
         if generation:
             messages += [
                 {"role": "assistant", "content": generation},
                 {"role": "user", "content": "continue"},
             ]
-        return await self.client.chat.completions.create(messages=messages, **common)
+        return await client.chat.completions.create(messages=messages, **common)
 
     def _parse(self, chunk: Any, finish: Finish | None) -> tuple[str, Finish | None]:
         if chunk.usage is not None:
@@ -217,12 +259,12 @@ async def _close(stream: Any) -> None:
 def _classify(exc: openai.APIStatusError) -> Exception:
     """5xx, 408 and 429 are worth retrying; other 4xx mean the request itself is wrong."""
     if exc.status_code >= 500 or exc.status_code in (408, 429):
-        return _Retryable(exc.message)
+        return _Retryable(exc.message, replica_down=exc.status_code >= 500)
     return LLMError(f"model endpoint rejected the request: {exc.message}")
 
 
 def open_llm(
-    base_url: str,
+    base_url: str | list[str],
     model: str,
     settings: AgentSettings,
     api_key: str = "EMPTY",
@@ -230,7 +272,8 @@ def open_llm(
     context_len: int | None = None,
     renders_itself: bool = False,
 ) -> LLM:
-    """An :class:`LLM` for an endpoint: completions mode when the prompt can be rendered here.
+    """An :class:`LLM` for an endpoint (or replicas of one): completions mode when the prompt
+    can be rendered here.
 
     The caller finds the template (the runtime: the engine's own tokenizer, or local files);
     ``renders_itself`` says the model family renders its own prompt text (gpt-oss' harmony), so
@@ -243,11 +286,10 @@ def open_llm(
         raise LLMError(f"completions mode needs the chat template of {model!r}")
     if mode == "auto":
         mode = "completions" if can_render else "chat"
-    client = openai.AsyncOpenAI(
-        base_url=base_url, api_key=api_key, max_retries=0, timeout=settings.request_timeout_s
-    )
+    urls = [base_url] if isinstance(base_url, str) else list(base_url)
+    replicas = ReplicaSet.open(urls, api_key, settings.request_timeout_s, settings.backoff_s)
     return LLM(
-        client,
+        replicas,
         model,
         chat_template=chat_template if mode == "completions" else None,
         mode=mode,
@@ -256,31 +298,3 @@ def open_llm(
         backoff_s=settings.backoff_s,
         context_len=context_len,
     )
-
-
-@dataclass(frozen=True)
-class ModelCard:
-    """What ``/v1/models`` says about a served model."""
-
-    id: str
-    max_model_len: int | None = None
-
-
-async def model_card(base_url: str, api_key: str = "EMPTY", model: str | None = None) -> ModelCard:
-    """The endpoint's card for ``model`` (default: the first it lists).
-
-    vLLM and the embedded server report ``max_model_len``; TensorRT-LLM does not (``None``).
-    A server that lists other names than ``model`` still serves it: then no context is known.
-    """
-    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=1) as client:
-        try:
-            models = await client.models.list()
-        except openai.APIError as exc:
-            raise LLMError(f"cannot list the models at {base_url}: {exc}") from exc
-    if not models.data:
-        raise LLMError(f"the endpoint at {base_url} serves no model")
-    card = next((m for m in models.data if model is None or m.id == model), None)
-    if card is None:
-        return ModelCard(model or models.data[0].id)
-    length = (card.model_extra or {}).get("max_model_len")
-    return ModelCard(card.id, length if isinstance(length, int) and length > 0 else None)

@@ -15,6 +15,13 @@ from pydantic import ValidationError
 from mathagent.config import Settings
 
 BaseUrl = Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint.")]
+BaseUrls = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--base-url",
+        help="OpenAI-compatible endpoint; repeat it (or give a comma list) for replicas.",
+    ),
+]
 ModelName = Annotated[
     str | None, typer.Option("--model", help="Model name (or path when embedded).")
 ]

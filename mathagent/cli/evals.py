@@ -20,7 +20,7 @@ def eval_(
     concurrency: Annotated[int, typer.Option(min=1, help="Problems in flight.")] = 4,
     no_tools: common.NoTools = False,
     limit: Annotated[int | None, typer.Option(min=1, help="First K problems only.")] = None,
-    base_url: common.BaseUrl = None,
+    base_url: common.BaseUrls = None,
     model: common.ModelName = None,
     temperature: common.Temperature = None,
     max_tokens: common.MaxTokens = None,
@@ -59,7 +59,8 @@ def eval_(
         "reasoning_effort": reasoning_effort,
         "recipe": recipe,
     }
-    settings = with_overrides(settings_of(ctx), base_url=base_url, model=model, agent=agent)
+    urls = ",".join(base_url) if base_url else None
+    settings = with_overrides(settings_of(ctx), base_url=urls, model=model, agent=agent)
     try:
         summary = asyncio.run(run_eval(request, settings))
     except (ValueError, RuntimeError, OSError) as exc:
@@ -90,6 +91,11 @@ def _print_summary(summary: dict, out: Path, as_json: bool) -> None:
         if key in summary:
             value = summary[key]
             typer.echo(f"{key:28} {value:.2f}" if isinstance(value, float) else f"{key:28} {value}")
+    for row in summary.get("replicas", []):
+        typer.echo(
+            f"replica {row['url']}: {row['requests']} requests, {row['failures']} failed, "
+            f"{row['tokens_per_s']:.1f} tok/s"
+        )
     typer.echo(f"report: {out / 'report.html'}")
 
 

@@ -13,6 +13,14 @@ from mathagent.config import ENGINE_PORT, Settings
 from mathagent.serving.engine.spec_config import EMBEDDED_METHODS
 
 SPECULATIVE_HELP = f"{EMBEDDED_METHODS} (external: also eagle3:PATH)"
+Replicas = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        help="Embedded: this many servers on consecutive ports, one per visible GPU "
+        "(CPU: the threads split between them).",
+    ),
+]
 
 
 class EngineKind(StrEnum):
@@ -30,6 +38,7 @@ def serve(
     speculative: Annotated[str | None, typer.Option(help=SPECULATIVE_HELP)] = None,
     port: Annotated[int, typer.Option(help="Port to listen on.")] = ENGINE_PORT,
     host: Host = None,
+    replicas: Replicas = 1,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Write configs and print commands only.")
     ] = False,
@@ -50,8 +59,10 @@ def serve(
     settings = settings_of(ctx)
     if engine is EngineKind.embedded:
         settings = with_overrides(settings, host=host, engine={"speculative": speculative})
-        _serve_embedded(settings, model, port, dry_run)
+        _serve_embedded(settings, model, port, dry_run, replicas)
         return
+    if replicas > 1:
+        raise fail("--replicas is for the embedded engine (external engines: --tp-size)")
     from mathagent.serving.launchers.serve import ServeRequest
 
     request = ServeRequest(
@@ -77,7 +88,12 @@ def serve(
     launch.serve_external(request, dry_run)
 
 
-def _serve_embedded(settings: Settings, model: str | None, port: int, dry_run: bool) -> None:
+def _serve_embedded(
+    settings: Settings, model: str | None, port: int, dry_run: bool, replicas: int = 1
+) -> None:
+    if replicas > 1:
+        _serve_replicas(settings, model, port, replicas, dry_run)
+        return
     from mathagent.model_store import ModelFetchError
     from mathagent.runtime import engine_builder
     from mathagent.serving.embedded import serve as run_server
@@ -92,6 +108,29 @@ def _serve_embedded(settings: Settings, model: str | None, port: int, dry_run: b
         run_server(engine_builder(settings, model), settings.host, port)
     except (EngineConfigError, ModelLoadError, UnsupportedModelError, ModelFetchError) as exc:
         raise fail(str(exc)) from exc
+
+
+def _serve_replicas(
+    settings: Settings, model: str | None, port: int, replicas: int, dry_run: bool
+) -> None:
+    from mathagent.serving.replicas import ReplicaError, plan_replicas, run_replicas
+
+    extra = ["--model", model] if model else []
+    if settings.engine.speculative != "none":
+        extra += ["--speculative", settings.engine.speculative]
+    engine = settings.engine
+    try:
+        plan = plan_replicas(replicas, settings.host, port, engine.device, engine.threads, extra)
+        if dry_run:
+            for i in range(plan.replicas):
+                typer.echo(plan.shown(i))
+            typer.echo(f"MATHAGENT_BASE_URL={','.join(plan.urls())}")
+            return
+        status = run_replicas(plan, typer.echo)
+    except ReplicaError as exc:
+        raise fail(str(exc)) from exc
+    if status:
+        raise typer.Exit(status)
 
 
 def generate(

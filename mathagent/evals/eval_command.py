@@ -107,4 +107,10 @@ async def evaluate(
         if per_problem
         else sample_solver(agent, request.tools)
     )
-    return await run_eval(problems, solve, config, meter=lambda: AcceptanceMeter(base_url))
+    return await run_eval(
+        problems,
+        solve,
+        config,
+        meter=lambda: AcceptanceMeter(base_url),
+        extra=lambda: {"replicas": agent.llm.replicas.stats()},
+    )

@@ -78,11 +78,12 @@ async def run_eval(
     config: EvalConfig,
     *,
     meter: Callable[[], AbstractAsyncContextManager[Any]] | None = None,
+    extra: Callable[[], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run what ``config.out_dir`` lacks, then write summary.json and report.html.
 
-    ``meter`` opens an acceptance meter (see :mod:`mathagent.evals.acceptance`) around the work.
-    Returns the summary. Samples whose solver raised are not recorded (a re-run retries them).
+    ``meter`` opens an acceptance meter (see :mod:`mathagent.evals.acceptance`) around the work;
+    ``extra`` gives more summary fields at the end (the replicas' counts). Returns the summary. Samples whose solver raised are not recorded (a re-run retries them).
     """
     config.out_dir.mkdir(parents=True, exist_ok=True)
     store = ResultsFile(config.out_dir / RESULTS_FILE)
@@ -103,7 +104,8 @@ async def run_eval(
     finally:
         store.close()
     acceptance = getattr(measured, "acceptance_length", None)
-    return write_summary(config.out_dir, problems, config, acceptance, tally.failed)
+    more = extra() if extra else {}
+    return write_summary(config.out_dir, problems, config, acceptance, tally.failed, more)
 
 
 def _count_correct(records: list[dict[str, Any]], problems: Sequence[Problem], samples: int) -> int:
@@ -221,6 +223,7 @@ def write_summary(
     config: EvalConfig,
     acceptance_length: float | None = None,
     failed: int = 0,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """summary.json over this run's problems and samples, then report.html."""
     from mathagent.evals.report import write_report
@@ -235,6 +238,7 @@ def write_summary(
     summary["num_failed"] = failed
     summary["complete"] = failed == 0 and len(records) == len(problems) * config.samples
     summary["meta"] = {**config.meta, "samples": config.samples, "concurrency": config.concurrency}
+    summary.update(extra or {})
     _write_json_atomic(out_dir / SUMMARY_FILE, summary)
     write_report(out_dir)
     return summary

@@ -10,7 +10,8 @@ from typing import Any
 
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from mathagent.agent.llm import model_card, open_llm
+from mathagent.agent.llm import open_llm
+from mathagent.agent.model_card import model_card
 from mathagent.agent.plan import plan_for
 from mathagent.agent.prompts import ChatTemplate
 from mathagent.agent.solver import Solver
