@@ -73,18 +73,31 @@ def _modelopt(folder):
     (folder / "hf_quant_config.json").write_text(json.dumps(doc))
 
 
+def _modelopt_in_config(folder):
+    """Newer ModelOpt exports: the fields in config.json, per-channel weights, no input scale."""
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "modelopt",
+                                  "quant_algo": "FP8_PER_CHANNEL_PER_TOKEN",
+                                  "exclude_modules": ["lm_head"]}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
 def _compressed(folder, strategy="channel"):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["quantization_config"] = _compressed_tensors_config(strategy)
     (folder / "config.json").write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("layout", ["modelopt", "compressed-tensors"])
+LAYOUTS = {"modelopt": ("tensor", _modelopt), "modelopt-config": ("channel", _modelopt_in_config),
+           "compressed-tensors": ("channel", _compressed)}  # fmt: skip
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_published_fp8_layouts_load_their_codes_exactly(tmp_path, layout):
     hf = _hf_llama(tmp_path)
-    strategy = "tensor" if layout == "modelopt" else "channel"
+    strategy, declare = LAYOUTS[layout]
     state = _rewrite_fp8(tmp_path, strategy)
-    (_modelopt if layout == "modelopt" else _compressed)(tmp_path)
+    declare(tmp_path)
     model = load_model(str(tmp_path), tmp_path, CPU, BF16, "fp8").model
     qkv = model.layers[1].attention.wqkv
     assert isinstance(qkv, Fp8Linear) and qkv.weight.dtype == FP8_DTYPE
