@@ -112,11 +112,20 @@ def _part_rows(args: ModelArgs, name: str) -> list[int]:
 
 
 def install_fp8_linears(
-    model: Transformer, state: dict[str, torch.Tensor], scheme: Fp8Scheme, where: Path
+    model: Transformer, state: dict[str, torch.Tensor], scheme: Fp8Scheme | None, where: Path
 ) -> int:
     """Swap each linear of ``model`` whose weight in ``state`` is e4m3 for an :class:`Fp8Linear`
     holding those codes; ``state`` keeps them with one scale per row (for ``load_state_dict``)
-    and loses the input scales. Returns how many were swapped."""
+    and loses the input scales. Returns how many were swapped. With no scheme (an unquantised
+    checkpoint) FP8 tensors are refused: their scales' meaning is undeclared."""
+    if scheme is None:
+        fp8 = [k for k, v in state.items() if v.dtype in (FP8_DTYPE, torch.float8_e5m2)]
+        if fp8:
+            raise Fp8CheckpointError(
+                f"{where}: {fp8[0]} is FP8 but neither hf_quant_config.json nor config.json's "
+                "quantization_config declares the checkpoint's quantization"
+            )
+        return 0
     swapped = 0
     for key in [k for k, v in state.items() if v.dtype == torch.float8_e5m2]:
         raise Fp8CheckpointError(f"{where}: {key} is float8_e5m2; only e4m3 weights load")

@@ -256,8 +256,7 @@ def load_hf_folder(
     with torch.device("meta"):
         model = Transformer(args)
     state = _read_state_dict(folder, dtype)
-    if fp8 is not None:
-        fp8_checkpoint.install_fp8_linears(model, state, fp8, folder)
+    fp8_checkpoint.install_fp8_linears(model, state, fp8, folder)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if args.tie_word_embeddings:
         model.output.weight = model.tok_embeddings.weight

@@ -163,6 +163,10 @@ def test_unsupported_schemes_and_settings_are_refused(tmp_path):
     _compressed(tmp_path, "channel")
     with pytest.raises(ModelLoadError, match="load it with quantization fp8"):
         load_model(str(tmp_path), tmp_path, CPU, BF16, "none")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": None}))
+    with pytest.raises(Fp8CheckpointError, match="declares the checkpoint's quantization"):
+        load_model(str(tmp_path), tmp_path, CPU, BF16, "fp8")
     doc = {"quantization": {"quant_algo": "NVFP4"}}
     (tmp_path / "hf_quant_config.json").write_text(json.dumps(doc))
     with pytest.raises(Fp8CheckpointError, match="NVFP4"):
