@@ -29,9 +29,10 @@ class EngineSettings(BaseModel):
 
     device: str = Field("auto", description="'auto', 'cpu' or 'cuda[:N]'")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    quantization: Literal["none", "int4"] = Field(
+    quantization: Literal["none", "int4", "fp8"] = Field(
         "none",
-        description="CPU weight-only quantisation: int4 blocks + int8 head, bf16 activations",
+        description="int4: CPU weight-only int4 blocks + int8 head, bf16 activations; fp8: CUDA "
+        "(Hopper+) e4m3 weights per output channel, activations per token",
     )
     max_batch_size: int = Field(8, ge=1, le=1024, description="KV-cache slots")
     max_seq_len: int = Field(4096, ge=64, description="context length per slot")

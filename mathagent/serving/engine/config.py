@@ -71,17 +71,33 @@ def default_beams(device: torch.device, quantization: str = "none") -> int:
 
 
 def _quantized_dtype(settings: EngineSettings, device: torch.device) -> torch.dtype:
-    """Quantised weights are a CPU path with bfloat16 activations (the fast kernels' input)."""
-    if device.type != "cpu":
+    """Quantised weights run bfloat16 activations: int4 on a CPU (the fast kernels' input),
+    fp8 on a Hopper GPU (row-wise scaled FP8 products write bfloat16)."""
+    method = settings.quantization
+    if method == "fp8":
+        why = "the device is a CPU" if device.type != "cuda" else _fp8_unsupported()
+        if why:
+            raise EngineConfigError(
+                f"quantization 'fp8' runs on CUDA GPUs of compute capability 9.0+ only ({why}); "
+                "use quantization int4 on a CPU, or none"
+            )
+    elif device.type != "cpu":
         raise EngineConfigError(
-            f"quantization {settings.quantization!r} is for device cpu; CUDA runs bf16 weights"
+            f"quantization {method!r} is for device cpu; on CUDA use none (bf16) or fp8"
         )
     if settings.dtype not in ("auto", "bfloat16"):
         raise EngineConfigError(
-            f"quantization {settings.quantization!r} runs bfloat16 activations; "
+            f"quantization {method!r} runs bfloat16 activations; "
             f"set dtype auto or bfloat16, not {settings.dtype!r}"
         )
     return torch.bfloat16
+
+
+def _fp8_unsupported() -> str | None:
+    """Why this CUDA machine cannot run fp8 (asked only when fp8 is requested on CUDA)."""
+    from mathagent.serving.engine.cuda import fp8
+
+    return fp8.supported()
 
 
 def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:

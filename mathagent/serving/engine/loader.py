@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from mathagent.serving.engine import fp8_checkpoint
 from mathagent.serving.engine.model import (
     SUPPORTED_ARCHITECTURES,
     ModelArgs,
@@ -90,14 +91,25 @@ def load_model(
     """Load the model named by ``spec`` onto ``device`` in ``dtype``, quantised if asked.
 
     Quantisation starts from float32 weights, so a model dequantised from a GGUF gets its
-    original 4-bit codes back (see :mod:`mathagent.serving.engine.quant`).
+    original 4-bit codes back (see :mod:`mathagent.serving.engine.quant`). An FP8 checkpoint
+    (:mod:`~mathagent.serving.engine.fp8_checkpoint`) loads its own codes, with ``fp8`` only.
     """
     load_dtype = torch.float32 if quantization != "none" else dtype
     if spec.startswith("random:"):
         loaded = _load_random(spec.removeprefix("random:"), device, load_dtype)
     else:
         folder, name = resolve_folder(spec, model_dir)
-        loaded = load_hf_folder(folder, device, load_dtype, name)
+        scheme = fp8_checkpoint.read_scheme(
+            folder, json.loads((folder / "config.json").read_text())
+        )
+        if scheme is not None and quantization != "fp8":
+            raise ModelLoadError(
+                f"{folder} is an FP8 checkpoint ({scheme.producer}, per-{scheme.weight_strategy} "
+                f"weight scales); load it with quantization fp8, not {quantization!r}"
+            )
+        loaded = load_hf_folder(folder, device, dtype if scheme else load_dtype, name, scheme)
+        if scheme is not None:
+            return loaded
     if quantization != "none":
         loaded.model = quantize_model(loaded.model, quantization).to(dtype)
     return loaded
@@ -173,7 +185,7 @@ def _hf_to_engine(name: str) -> tuple[str, int] | None:
              "model.norm.weight": "norm.weight", "lm_head.weight": "output.weight"}  # fmt: skip
     if name in fixed:
         return fixed[name], 0
-    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", name)
+    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias|weight_scale|input_scale)", name)
     if m is None:
         return None
     i, mod, kind = m.groups()
@@ -208,7 +220,7 @@ def _read_state_dict(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor
                     continue
                 name, part = mapped
                 parts = pieces.setdefault(name, {})
-                parts[part] = f.get_tensor(key).to(dtype)
+                parts[part] = _as_loaded(name, f.get_tensor(key), dtype)
                 # Fuse as soon as a tensor is whole, so its parts never outlive it (load peak).
                 if len(parts) == _FUSED_PARTS.get(name.split(".")[-2], 1):
                     state[name] = torch.cat([parts[i] for i in sorted(parts)], dim=0)
@@ -218,10 +230,25 @@ def _read_state_dict(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor
     return state
 
 
+def _as_loaded(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A checkpoint tensor as the engine holds it: FP8 codes as they are, their scales as 1-D
+    float32 (so the parts of a fused tensor concatenate), everything else in ``dtype``."""
+    if name.endswith("_scale"):
+        return tensor.float().reshape(-1)
+    if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return tensor
+    return tensor.to(dtype)
+
+
 def load_hf_folder(
-    folder: Path, device: torch.device, dtype: torch.dtype, name: str | None = None
+    folder: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    name: str | None = None,
+    fp8: fp8_checkpoint.Fp8Scheme | None = None,
 ) -> LoadedModel:
-    """Load a Hugging Face folder (config.json, safetensors, tokenizer)."""
+    """Load a Hugging Face folder (config.json, safetensors, tokenizer); ``fp8``: the folder's
+    FP8 scheme, whose quantised linears become :class:`~mathagent.serving.engine.quant.Fp8Linear`."""
     from transformers import AutoTokenizer
 
     cfg = json.loads((folder / "config.json").read_text())
@@ -229,6 +256,7 @@ def load_hf_folder(
     with torch.device("meta"):
         model = Transformer(args)
     state = _read_state_dict(folder, dtype)
+    fp8_checkpoint.install_fp8_linears(model, state, fp8, folder)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if args.tie_word_embeddings:
         model.output.weight = model.tok_embeddings.weight

@@ -1,4 +1,9 @@
-"""Weight-only quantised linears for the CPU path: int4 blocks (group 32) and an int8 head.
+"""Quantised linears: int4 blocks (group 32) + an int8 head on CPU, FP8 (e4m3) on CUDA.
+
+``fp8`` (:class:`Fp8Linear`, Hopper GPUs) holds each block linear as e4m3 codes with one scale
+per output row and quantises activations per token (:mod:`~mathagent.serving.engine.fp8_format`
+is the arithmetic); the head stays in the model dtype, as published FP8 checkpoints keep it.
+The rest of this note is about the CPU path.
 
 Decode at batch 1 on a CPU is bound by reading the weights once per token, so fewer weight
 bytes is the speed-up. ``int4`` keeps each linear as 4-bit codes with a scale and a minimum per
@@ -16,7 +21,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-QUANTIZATIONS = ("none", "int4")
+from mathagent.serving.engine import fp8_format
+
+QUANTIZATIONS = ("none", "int4", "fp8")
 GROUP_SIZE = 32
 
 
@@ -92,6 +99,53 @@ class Int8Linear(nn.Module):
         return out.view(*shape[:-1], self.out_features)
 
 
+class Fp8Linear(nn.Module):
+    """``y = x W^T + b`` of the FP8 model: ``weight`` e4m3 ``[N, K]``, ``weight_scale`` ``[N]``.
+
+    On CUDA the product runs on the FP8 tensor cores (:func:`cuda.fp8.linear`); elsewhere the
+    float32 reference (for tests: the engine refuses fp8 off Hopper GPUs). ``module.to(dtype)``
+    moves but never casts the codes and scales.
+    """
+
+    def __init__(
+        self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> None:
+        super().__init__()
+        if weight.dtype != fp8_format.FP8_DTYPE or weight_scale.shape != weight.shape[:1]:
+            raise QuantizationError(
+                f"fp8 linear needs e4m3 weights [N, K] and float32 scales [N]; got "
+                f"{weight.dtype} {tuple(weight.shape)} and {tuple(weight_scale.shape)}"
+            )
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight.contiguous())
+        self.register_buffer("weight_scale", weight_scale.float().contiguous())
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), False)
+
+    @classmethod
+    def quantize(cls, linear: nn.Linear) -> Fp8Linear:
+        """Per-output-row e4m3 quantisation of a float linear (the fp8_format rule)."""
+        codes, scale = fp8_format.quantize_rows(linear.weight.detach())
+        return cls(codes, scale.squeeze(-1), linear.bias)
+
+    def _apply(self, fn, recurse=True):
+        for name in ("weight", "weight_scale"):
+            buf = self._buffers[name]
+            moved = fn(buf)
+            self._buffers[name] = moved if moved.dtype == buf.dtype else buf.to(moved.device)
+        if self.bias is not None:
+            self.bias = nn.Parameter(fn(self.bias.data), False)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            from mathagent.serving.engine.cuda import fp8 as cuda_fp8
+
+            out = cuda_fp8.linear(x, self.weight, self.weight_scale)
+        else:
+            out = fp8_format.reference_linear(x, self.weight, self.weight_scale)
+        return out if self.bias is None else out + self.bias
+
+
 def quantize_int4(
     weight: torch.Tensor, group_size: int = GROUP_SIZE
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -110,12 +164,15 @@ def quantize_model(model: nn.Module, method: str) -> nn.Module:
 
     Every linear inside the blocks becomes :class:`Int4Linear`; the vocabulary head becomes
     :class:`Int8Linear` (built from the embedding when the two are tied, which stays a plain
-    bfloat16 table for lookups). Norms and embeddings move to bfloat16.
+    bfloat16 table for lookups). Norms and embeddings move to bfloat16. ``fp8``: see
+    :func:`quantize_fp8`.
     """
     if method == "none":
         return model
     if method not in QUANTIZATIONS:
         raise QuantizationError(f"unknown quantization {method!r}; use one of {QUANTIZATIONS}")
+    if method == "fp8":
+        return quantize_fp8(model)
     if next(model.parameters()).device.type != "cpu":
         raise QuantizationError(
             "int4 weights are a CPU path; on CUDA the engine runs bf16 weights (quantization none)"
@@ -128,3 +185,14 @@ def quantize_model(model: nn.Module, method: str) -> nn.Module:
                     setattr(parent, name, Int4Linear(child))
     model.output = Int8Linear(head_weight)
     return model.to(torch.bfloat16)
+
+
+def quantize_fp8(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    """Swap every float linear inside the blocks for :class:`Fp8Linear` (quantised from its
+    weights as they are, float32 or bfloat16), in place; the rest moves to ``dtype``."""
+    for block in model.layers:
+        for parent in (block.attention, block.feed_forward):
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear:
+                    setattr(parent, name, Fp8Linear.quantize(child))
+    return model.to(dtype)

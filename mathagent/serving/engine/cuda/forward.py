@@ -19,8 +19,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mathagent.serving.engine.cuda import attention, kernels
+from mathagent.serving.engine.cuda import attention, fp8, kernels
 from mathagent.serving.engine.model import Transformer
+from mathagent.serving.engine.quant import Fp8Linear
+
+# A layer's product weight: a tensor, or (e4m3 codes, scales per row) of an FP8 linear.
+Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass
@@ -68,15 +72,40 @@ class StepInputs:
 
 def linear(
     x: torch.Tensor,
-    weight: torch.Tensor,
+    weight: Weight,
     fast: frozenset[tuple[int, int]],
     bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``F.linear``, through the Triton GEMV for one row when ``fast`` holds the weight's shape."""
+    """``F.linear``, through the Triton GEMV for one row when ``fast`` holds the weight's shape;
+    an FP8 weight goes to its GEMV at one row, to the FP8 tensor cores at more."""
+    if isinstance(weight, tuple):
+        one_row = x.numel() == x.shape[-1] and gemv_ok(weight, fast)
+        y = fp8.gemv(x, *weight) if one_row else fp8.linear(x, *weight)
+        return y if bias is None else y + bias
     if x.numel() == x.shape[-1] and tuple(weight.shape) in fast:
         y = kernels.gemv(x, weight)
         return y if bias is None else y + bias
     return F.linear(x, weight, bias)
+
+
+def gemv_ok(weight: Weight, fast: frozenset[tuple[int, int]]) -> bool:
+    """Whether one-row products with ``weight`` take a Triton GEMV (bf16 measured, fp8 fits)."""
+    if isinstance(weight, tuple):
+        return fp8.gemv_fits(weight[0])
+    return tuple(weight.shape) in fast
+
+
+def gemv(x: torch.Tensor, weight: Weight, **fused) -> torch.Tensor:
+    """The one-row GEMV for ``weight``'s kind, with the prologue/epilogue in ``fused``."""
+    if isinstance(weight, tuple):
+        return fp8.gemv(x, *weight, **fused)
+    return kernels.gemv(x, weight, **fused)
+
+
+def _product_weight(linear_module: torch.nn.Module) -> Weight:
+    if isinstance(linear_module, Fp8Linear):
+        return linear_module.weight, linear_module.weight_scale
+    return linear_module.weight
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -108,8 +137,9 @@ def layer_weights(block: torch.nn.Module) -> tuple[torch.Tensor | None, ...]:
     attn, ffn = block.attention, block.feed_forward
     q_norm = None if attn.q_norm is None else attn.q_norm.weight
     k_norm = None if attn.k_norm is None else attn.k_norm.weight
-    return (block.attention_norm.weight, attn.wqkv.weight, attn.wqkv.bias, q_norm, k_norm,
-            attn.wo.weight, block.ffn_norm.weight, ffn.w13.weight, ffn.w2.weight)  # fmt: skip
+    return (block.attention_norm.weight, _product_weight(attn.wqkv), attn.wqkv.bias, q_norm,
+            k_norm, _product_weight(attn.wo), block.ffn_norm.weight, _product_weight(ffn.w13),
+            _product_weight(ffn.w2))  # fmt: skip
 
 
 def layer_step(
@@ -133,9 +163,9 @@ def layer_step(
     nh, nkv, hd, eps = shape.n_heads, shape.n_kv, shape.head_dim, shape.eps
     h = h if delta is None else h + delta  # [B, T, H]
     bsz, width, _ = h.shape
-    fused = bsz * width == 1 and all(tuple(w.shape) in shape.fast for w in (wqkv, wo, w13, w2))
+    fused = bsz * width == 1 and all(gemv_ok(w, shape.fast) for w in (wqkv, wo, w13, w2))
     if fused:
-        qkv = kernels.gemv(h, wqkv, norm=ln1, eps=eps)
+        qkv = gemv(h, wqkv, norm=ln1, eps=eps)
         qkv = qkv if bqkv is None else qkv + bqkv
     else:
         qkv = linear(rms_norm(h, ln1, eps), wqkv, shape.fast, bqkv)
@@ -153,9 +183,9 @@ def layer_step(
         o = attention.decode_attention(q, k_cache, v_cache, inp.slots, inp.start, inp.tree)
     o = o.reshape(bsz, width, nh * hd)
     if fused:
-        h = kernels.gemv(o, wo, residual=h)
-        gate_up = kernels.gemv(h, w13, norm=ln2, eps=eps)
-        return kernels.gemv(gate_up, w2, residual=h, silu_mul=True), None
+        h = gemv(o, wo, residual=h)
+        gate_up = gemv(h, w13, norm=ln2, eps=eps)
+        return gemv(gate_up, w2, residual=h, silu_mul=True), None
     h = h + linear(o, wo, shape.fast)
     gate, up = linear(rms_norm(h, ln2, eps), w13, shape.fast).split(shape.inter, dim=-1)
     return h, linear(F.silu(gate) * up, w2, shape.fast)
@@ -180,7 +210,7 @@ class CudaForward:
 
     def _fast_shapes(self) -> frozenset[tuple[int, int]]:
         """The weight shapes whose one-row products go to the Triton GEMV (measured)."""
-        weights = [w for w in self.weights[0] if w is not None and w.dim() == 2]
+        weights = [w for w in self.weights[0] if isinstance(w, torch.Tensor) and w.dim() == 2]
         weights.append(self.model.output.weight)
         return frozenset(
             tuple(w.shape) for w in weights if kernels.gemv_fits(w) and kernels.gemv_preferred(w)

@@ -1,0 +1,39 @@
+"""The FP8 model's arithmetic, in plain torch: e4m3 codes, per-row scales, the reference product.
+
+Weights: e4m3 codes with one float32 scale per output row, ``scale = max|w_row| / 448``.
+Activations: the same rule per row (token), applied on the fly. A product accumulates codes
+times codes in float32 and multiplies by both scales. The CUDA kernels
+(:mod:`mathagent.serving.engine.cuda.fp8`) follow these roundings exactly (a correctly rounded
+reciprocal per row, then products, round to nearest even into e4m3); :func:`reference_linear` is their oracle.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite e4m3 value
+FP8_MIN_SCALE = 1.0 / (448.0 * 512.0)  # floor of a scale, so an all-zero row stays finite
+
+
+def row_scales(amax: torch.Tensor) -> torch.Tensor:
+    """Float32 scales from float32 row maxima (the kernels' ``_row_scale``)."""
+    return (amax.float() * (1.0 / FP8_MAX)).clamp(min=FP8_MIN_SCALE)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 codes ``[..., K]`` and float32 scales ``[..., 1]``, one scale per row of ``x``."""
+    xf = x.float()
+    scale = row_scales(xf.abs().amax(dim=-1, keepdim=True))
+    # one reciprocal per row, then a product per value: what the kernels can afford per element
+    codes = (xf * scale.reciprocal()).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return codes, scale
+
+
+def reference_linear(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
+) -> torch.Tensor:
+    """The FP8 model's ``x @ W.T`` in float32 ops (CPU reference), returned in ``x.dtype``."""
+    codes, scale = quantize_rows(x)
+    acc = codes.float() @ weight.float().t()
+    return (acc * scale * weight_scale.float()).to(x.dtype)
