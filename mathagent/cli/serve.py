@@ -12,7 +12,7 @@ from mathagent.cli.common import AsJson, Host, fail, print_json, settings_of, wi
 from mathagent.config import ENGINE_PORT, Settings
 from mathagent.serving.engine.spec_config import EMBEDDED_METHODS
 
-SPECULATIVE_HELP = f"{EMBEDDED_METHODS} (external: also eagle3:PATH)"
+SPECULATIVE_HELP = EMBEDDED_METHODS
 
 
 class EngineKind(StrEnum):
