@@ -24,14 +24,19 @@ from mathagent.serving.engine.spec_decode.eagle3_head import (
 OPTIONAL = ("embed_tokens.weight",)
 
 
+def default_layers(num_layers: int) -> tuple[int, ...]:
+    """vLLM's and the reference's default fused layers: low, middle, high."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
 def aux_layers(cfg: Eagle3Config, target: ModelArgs) -> tuple[int, ...]:
     """The target layers whose input hidden states are fused (vLLM's ids: ``j`` is the
-    input of layer ``j``, ``L`` the last layer's output); default ``(2, L // 2, L - 3)``."""
+    input of layer ``j``, ``L`` the last layer's output); default :func:`default_layers`."""
     n = target.num_layers
-    ids = cfg.aux_layer_ids or (2, n // 2, n - 3)
-    if len(ids) != 3 or not all(0 <= i <= n for i in ids):
+    ids = cfg.aux_layer_ids or default_layers(n)
+    if len(set(ids)) != 3 or not all(0 <= i <= n for i in ids):
         raise Eagle3CheckpointError(
-            f"eagle_aux_hidden_state_layer_ids {list(ids)} must name 3 layers in 0..{n}"
+            f"eagle_aux_hidden_state_layer_ids {list(ids)} must name 3 distinct layers in 0..{n}"
         )
     return tuple(ids)
 
