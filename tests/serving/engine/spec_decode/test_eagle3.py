@@ -200,3 +200,28 @@ def test_eagle3_sampling_matches_the_target_distribution(tiny_engine) -> None:
     drafted = sum(r.metrics.speculative["drafted_tokens"] for r in results)
     accepted = sum(r.metrics.speculative["accepted_tokens"] for r in results)
     assert drafted > 0 and 0 < accepted < drafted
+
+
+def test_generate_cli_runs_eagle3_and_refuses_a_bad_head(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    cfg = smollm_head_config()
+    head = write_reference_head(tmp_path / "head", cfg, reference_tensors(cfg))
+    env = {**os.environ, "MATHAGENT_ENGINE__DEVICE": "cpu", "MATHAGENT_ENGINE__MAX_SEQ_LEN": "256"}
+    cmd = [sys.executable, "-m", "mathagent", "generate", "1, 2, 3, 1, 2, 3, 1, 2, 3, 1,"]
+    done = subprocess.run(
+        [*cmd, "--max-tokens", "8", "--speculative", f"eagle3:{head}", "--json"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["drafted_tokens"] > 0 and "per_position_acceptance" in out
+    (head / "config.json").write_text(json.dumps({**cfg, "hidden_size": 1024}))
+    bad = subprocess.run(
+        [*cmd, "--speculative", f"eagle3:{head}"], capture_output=True, text=True, env=env,
+        timeout=600,
+    )  # fmt: skip
+    assert bad.returncode != 0
+    assert "cannot load EAGLE-3 head" in bad.stderr and "Traceback" not in bad.stderr
