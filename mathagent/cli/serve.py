@@ -138,10 +138,12 @@ def generate(
 
 
 def _speculative_fields(stats: dict | None) -> dict:
-    """accepted/drafted and per-position acceptance of a speculative run (empty otherwise)."""
+    """accepted/drafted, per-position acceptance and draft / verify milliseconds per step of a
+    speculative run (empty otherwise)."""
     if stats is None:
         return {}
-    keys = ("drafted_tokens", "accepted_tokens", "acceptance_rate", "per_position_acceptance")
+    keys = ("drafted_tokens", "accepted_tokens", "acceptance_rate", "per_position_acceptance",
+            "draft_ms_per_step", "verify_ms_per_step")  # fmt: skip
     return {k: stats[k] for k in keys}
 
 

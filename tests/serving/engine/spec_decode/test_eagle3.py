@@ -218,6 +218,7 @@ def test_generate_cli_runs_eagle3_and_refuses_a_bad_head(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
     assert out["drafted_tokens"] > 0 and "per_position_acceptance" in out
+    assert out["draft_ms_per_step"] > 0 and out["verify_ms_per_step"] > 0
     (head / "config.json").write_text(json.dumps({**cfg, "hidden_size": 1024}))
     bad = subprocess.run(
         [*cmd, "--speculative", f"eagle3:{head}"], capture_output=True, text=True, env=env,
