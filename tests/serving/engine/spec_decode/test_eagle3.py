@@ -144,7 +144,8 @@ def heads(engine, tmp_path_factory):
     write_reference_head(path, cfg, tensors)
     chain = SpecMethod("eagle3", f"{path}#chain")
     engine.speculator.proposers.register(chain, load_eagle3(path, engine.runner, 1))
-    yield [f"eagle3:{path}", str(chain)]
+    shipped = Path(__file__).resolve().parents[4] / "mathagent/serving/drafters"
+    yield [f"eagle3:{path}", str(chain), f"eagle3:{shipped / 'SmolLM2-135M-Instruct-eagle3'}"]
     engine.runner.feature_sinks.clear()
     engine.runner.model.capture = ()
 
