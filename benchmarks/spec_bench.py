@@ -1,4 +1,4 @@
-"""Speculative decoding speed on the default model (CPU): none vs n-gram vs ReDrafter.
+"""Speculative decoding speed on the default model (CPU): none vs n-gram vs ReDrafter vs EAGLE-3.
 
 One run, one engine, the agent's prompts (its template for the model, tools on) for the first
 20 problems of ../shared/datasets/gsm8k_test.jsonl, greedy, one request at a time. Methods are
@@ -9,7 +9,7 @@ where a speculative step's time goes (drafting vs the verify forward, ms per ste
 plain decode step.
 
     python benchmarks/spec_bench.py [--limit 20] [--max-tokens 128] [--draft-len 3]
-                                    [--config float32|bfloat16|int4]
+                                    [--config float32|bfloat16|int4] [--eagle3 DIR | --no-eagle3]
 
 ``float32`` is the engine's default CPU configuration; ``bfloat16`` dense weights (AMX); ``int4`` its quantised CPU path (4-bit
 weights, int8 head, bf16 activations), where the drafter runs through the same int8 head.
@@ -37,6 +37,7 @@ from mathagent.serving.engine.spec_decode.stats import SpecStats
 REPO = Path(__file__).resolve().parents[1]
 DATASET = REPO.parent / "shared" / "datasets" / "gsm8k_test.jsonl"
 DRAFTER = REPO / "mathagent" / "serving" / "drafters" / "SmolLM2-135M-Instruct"
+EAGLE3 = REPO / "mathagent" / "serving" / "drafters" / "SmolLM2-135M-Instruct-eagle3"
 
 
 def agent_prompts(engine: LLMEngine, limit: int) -> list[str]:
@@ -58,6 +59,8 @@ def main() -> None:
     parser.add_argument("--beams", type=int, default=None, help="ReDrafter beams (default: config)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--drafter", type=Path, default=DRAFTER)
+    parser.add_argument("--eagle3", type=Path, default=EAGLE3, help="EAGLE-3 head folder")
+    parser.add_argument("--no-eagle3", action="store_true", help="leave EAGLE-3 out")
     parser.add_argument("--config", choices=sorted(CONFIGS), default="float32")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -71,6 +74,8 @@ def main() -> None:
     engine = LLMEngine(config, model_dir)
     prompts = agent_prompts(engine, args.limit)
     methods = ["none", "ngram", f"redrafter:{args.drafter}"]
+    if not args.no_eagle3:
+        methods.append(f"eagle3:{args.eagle3}")
     seconds = dict.fromkeys(methods, 0.0)
     wall = dict.fromkeys(methods, 0.0)
     tokens = dict.fromkeys(methods, 0)

@@ -1,4 +1,4 @@
-"""``mathagent train-drafter``: train a ReDrafter head on a frozen base model."""
+"""``mathagent train-drafter``: train a ReDrafter or EAGLE-3 head on a frozen base model."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import typer
 from mathagent.cli.common import fail, print_json, settings_of
 from mathagent.config import Settings
 
-HELP = "Train a ReDrafter head on a frozen base model."
+HELP = "Train a ReDrafter or EAGLE-3 head on a frozen base model."
 
 
 def train_drafter(
@@ -19,7 +19,16 @@ def train_drafter(
     base: Annotated[str, typer.Option(help="Base model path.")],
     data: Annotated[Path, typer.Option(help="Training text (JSONL, .jsonl.gz or text).")],
     out: Annotated[Path, typer.Option(help="Output folder for the drafter.")],
+    method: Annotated[
+        str, typer.Option(help="redrafter | eagle3 (EAGLE-3 with the training-time test).")
+    ] = "redrafter",
     draft_len: Annotated[int, typer.Option(min=1, help="Draft tokens per beam.")] = 3,
+    ttt_steps: Annotated[
+        int, typer.Option(min=1, help="eagle3: draft steps the training-time test unrolls.")
+    ] = 6,
+    intermediate_size: Annotated[
+        int, typer.Option(min=1, help="eagle3: MLP width of the head's decoder layer.")
+    ] = 1024,
     layers: Annotated[int, typer.Option(min=1, help="Residual layers in the drafter.")] = 2,
     self_distill: Annotated[
         Path | None,
@@ -49,7 +58,7 @@ def train_drafter(
     epochs: Annotated[int, typer.Option(min=1, help="Passes over the training text.")] = 3,
     lr: Annotated[float, typer.Option(min=0.0, help="Peak learning rate.")] = 3e-3,
     batch_positions: Annotated[
-        int, typer.Option(min=1, help="Text positions per training step.")
+        int, typer.Option(min=1, help="Text positions (eagle3: padded tokens) per step.")
     ] = 4096,
     train_budget_s: Annotated[
         float | None, typer.Option(min=1.0, help="Stop training after this many seconds.")
@@ -74,13 +83,14 @@ def train_drafter(
         bool, typer.Option("--json", help="Print the final metrics as JSON.")
     ] = False,
 ) -> None:
-    """Train a ReDrafter head on a frozen base model.
+    """Train a ReDrafter or EAGLE-3 head on a frozen base model.
 
-    Long because Typer reads the command's 25 options from this signature; the work itself is
+    Long because Typer reads the command's 28 options from this signature; the work itself is
     :func:`mathagent.drafter.pipeline.train_drafter`.
     """
     import logging
 
+    from mathagent.drafter.eagle3_train import Eagle3TrainConfig
     from mathagent.drafter.pipeline import DistillConfig, DistillOptions, TrainDrafterOptions
     from mathagent.drafter.pipeline import train_drafter as run_pipeline
     from mathagent.drafter.train import TrainConfig
@@ -102,7 +112,15 @@ def train_drafter(
         batch_positions=batch_positions, time_budget_s=train_budget_s, draft_vocab=draft_vocab,
         kd_weight=kd_weight,
     )  # fmt: skip
-    options = TrainDrafterOptions(data, out, train, distill, tuple(extra_data or ()), compact)
+    if method not in ("redrafter", "eagle3"):
+        raise fail(f"unknown --method {method!r}; use redrafter | eagle3")
+    eagle3 = Eagle3TrainConfig(
+        steps=ttt_steps, eval_len=max(draft_len, 1), intermediate_size=intermediate_size,
+        draft_vocab=draft_vocab or 4096, lr=lr, epochs=epochs, batch_tokens=batch_positions,
+        time_budget_s=train_budget_s,
+    )  # fmt: skip
+    options = TrainDrafterOptions(data, out, train, distill, tuple(extra_data or ()), compact,
+                                  method, eagle3)  # fmt: skip
     render = partial(_drafter_prompt, settings=settings)
     try:
         model = None if base == "default" else base

@@ -12,7 +12,7 @@ from mathagent.cli.common import AsJson, Host, fail, print_json, settings_of, wi
 from mathagent.config import ENGINE_PORT, Settings
 from mathagent.serving.engine.spec_config import EMBEDDED_METHODS
 
-SPECULATIVE_HELP = f"{EMBEDDED_METHODS} (external: also eagle3:PATH)"
+SPECULATIVE_HELP = EMBEDDED_METHODS
 Replicas = Annotated[
     int,
     typer.Option(
@@ -177,10 +177,12 @@ def generate(
 
 
 def _speculative_fields(stats: dict | None) -> dict:
-    """accepted/drafted and per-position acceptance of a speculative run (empty otherwise)."""
+    """accepted/drafted, per-position acceptance and draft / verify milliseconds per step of a
+    speculative run (empty otherwise)."""
     if stats is None:
         return {}
-    keys = ("drafted_tokens", "accepted_tokens", "acceptance_rate", "per_position_acceptance")
+    keys = ("drafted_tokens", "accepted_tokens", "acceptance_rate", "per_position_acceptance",
+            "draft_ms_per_step", "verify_ms_per_step")  # fmt: skip
     return {k: stats[k] for k in keys}
 
 

@@ -20,6 +20,7 @@ import torch
 from mathagent.drafter.base import FrozenBase
 from mathagent.drafter.data import load_examples, open_text
 from mathagent.drafter.distill import BatchDistiller, BatchJob
+from mathagent.drafter.eagle3_train import Eagle3TrainConfig, train_eagle3
 from mathagent.drafter.train import TrainConfig, train
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.loader import LoadedModel
@@ -75,6 +76,8 @@ class TrainDrafterOptions:
     distill: DistillOptions | None = None
     extra_data: tuple[Path, ...] = ()  # more training text, as data
     compact: bool = False  # leave a base-tied vocabulary head out of the checkpoint
+    method: str = "redrafter"  # or "eagle3" (trained with ``eagle3``'s knobs)
+    eagle3: Eagle3TrainConfig = field(default_factory=Eagle3TrainConfig)
 
 
 def train_drafter(
@@ -102,6 +105,9 @@ def train_drafter(
             raise TrainDrafterError(f"no training data at {path}")
     cfg = replace(options.train, max_seq_len=base.max_seq_len, base_batch=base.slots)
     examples = [ex for path in paths for ex in load_examples(path, base.encode, cfg.max_seq_len)]
+    if options.method == "eagle3":
+        ecfg = replace(options.eagle3, max_seq_len=base.max_seq_len, base_batch=base.slots)
+        return train_eagle3(base, examples, ecfg, options.out, report)
     emb = base.model.tok_embeddings.weight.detach()
     head = base.model.output.weight.detach()
     return train(base.features, emb, examples, cfg, options.out, options.compact, report, head)

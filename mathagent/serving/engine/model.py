@@ -223,12 +223,22 @@ class Transformer(nn.Module):
         self.output = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
+        # Opt-in (EAGLE-3): the hidden states entering these layers (``num_layers``: the last
+        # one's output) are kept, concatenated, in ``captured [B, T, len * H]``.
+        self.capture: tuple[int, ...] = ()
+        self.captured: torch.Tensor | None = None
 
     def forward(self, tokens: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """Hidden states ``[B, T, H]`` after the final norm; K/V written into ``ctx.cache``."""
         x = self.tok_embeddings(tokens)
-        for layer in self.layers:
+        kept = []
+        for i, layer in enumerate(self.layers):
+            if i in self.capture:
+                kept.append(x)
             x = layer(x, ctx)
+        if self.capture:
+            kept += [x] if len(self.layers) in self.capture else []
+            self.captured = torch.cat(kept, dim=-1)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,7 @@ and returns logits and the last hidden states (which ReDrafter drafts from). The
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -67,6 +68,9 @@ class ModelRunner:
         ):
             packed_linear.pack_linears(model)
         compiled = not config.eager and not use_graphs
+        # called after every forward with (slots, write positions [B, T], model.captured);
+        # while any is registered, forwards run eagerly (a graph replay would skip them)
+        self.feature_sinks: list[Callable[[list[int], torch.Tensor, torch.Tensor], None]] = []
         self._model = torch.compile(model, dynamic=True) if compiled else model
 
     @torch.inference_mode()
@@ -92,6 +96,7 @@ class ModelRunner:
         if (
             self.graphs is not None
             and not hidden_only
+            and not self.feature_sinks
             and self.graphs.accepts(*tokens.shape)
             and (
                 (attn_mask is None and write_positions is None)
@@ -114,6 +119,9 @@ class ModelRunner:
             sin=self.sin[positions][:, :, None],
         )
         hidden = self._model(tokens, ctx)  # [B, T, H]
+        if self.feature_sinks and self.model.captured is not None:
+            for sink in self.feature_sinks:
+                sink(slots, write, self.model.captured)
         if hidden_only:  # drafter training needs every hidden state and no logits
             return hidden.new_empty(0), hidden
         if logits_last_only:
@@ -160,7 +168,7 @@ class ModelRunner:
     def decode(self, seqs: list[Sequence]) -> list[int]:
         """One token for each running sequence, in a single batched forward."""
         slots = [s.slot for s in seqs if s.slot is not None]
-        if self.graphs is not None and self.graphs.accepts(len(seqs), 1):
+        if self.graphs is not None and not self.feature_sinks and self.graphs.accepts(len(seqs), 1):
             out = self._decode_graphs(seqs, slots)
             for s in seqs:
                 s.num_cached += 1

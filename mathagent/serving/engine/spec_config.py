@@ -2,8 +2,9 @@
 
 ``none | ngram | draft:PATH | redrafter:PATH | eagle3:PATH``: the same value names a method for
 ``mathagent serve`` (every engine), ``mathagent generate``, ``MATHAGENT_ENGINE__SPECULATIVE`` and
-a completion request's ``speculative`` field. The embedded engine runs all but ``eagle3``, which
-only the external engines (TensorRT-LLM, vLLM, SGLang) run for now.
+a completion request's ``speculative`` field. The embedded engine and the external engines
+(TensorRT-LLM, vLLM, SGLang) run them all (``eagle3:PATH`` is a head in the published EAGLE-3
+layout).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Literal
 
 Kind = Literal["none", "ngram", "draft", "redrafter", "eagle3"]
 KINDS: tuple[Kind, ...] = ("none", "ngram", "draft", "redrafter", "eagle3")
-EMBEDDED_KINDS: tuple[Kind, ...] = ("none", "ngram", "draft", "redrafter")
+EMBEDDED_KINDS: tuple[Kind, ...] = KINDS
 _WITH_PATH = frozenset({"draft", "redrafter", "eagle3"})
 
 
@@ -59,5 +60,5 @@ class SpecMethod:
 
 
 def embedded_method(spec: str) -> SpecMethod:
-    """Parse ``spec`` as a method the embedded engine runs (``eagle3`` refused, clearly)."""
+    """Parse ``spec`` as a method the embedded engine runs."""
     return SpecMethod.parse(spec, EMBEDDED_KINDS)

@@ -39,13 +39,11 @@ def test_a_method_without_its_path_says_so(bad):
         SpecMethod.parse(bad)
 
 
-def test_the_embedded_engine_refuses_eagle3_clearly():
+def test_the_embedded_engine_takes_every_method_eagle3_included():
     assert METHODS == "none | ngram | draft:PATH | redrafter:PATH | eagle3:PATH"
-    assert EMBEDDED_METHODS == "none | ngram | draft:PATH | redrafter:PATH"
+    assert EMBEDDED_METHODS == METHODS
     assert embedded_method("redrafter:/r") == SpecMethod("redrafter", "/r")
-    with pytest.raises(SpecMethodError, match="external engines only") as info:
-        embedded_method("eagle3:/e")
-    assert EMBEDDED_METHODS in str(info.value)
+    assert embedded_method("eagle3:/e") == SpecMethod("eagle3", "/e")
     with pytest.raises(SpecMethodError, match=f"use {EMBEDDED_METHODS.replace('|', '.')}$"):
         embedded_method("medusa")
 

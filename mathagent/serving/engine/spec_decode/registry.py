@@ -18,6 +18,8 @@ from mathagent.serving.engine.loader import ModelLoadError, load_model
 from mathagent.serving.engine.quant import Int8Linear
 from mathagent.serving.engine.spec_config import SpecMethod, SpecMethodError
 from mathagent.serving.engine.spec_decode.draft_model import DraftModelProposer, draft_runner
+from mathagent.serving.engine.spec_decode.eagle3 import Eagle3Proposer
+from mathagent.serving.engine.spec_decode.eagle3_loader import aux_layers, load_head
 from mathagent.serving.engine.spec_decode.ngram import NgramDrafts
 from mathagent.serving.engine.spec_decode.proposal import Proposer
 from mathagent.serving.engine.spec_decode.redrafter import Drafter, ReDrafterProposer
@@ -63,6 +65,8 @@ def load_proposer(method: SpecMethod, target: ModelRunner, beams: int, model_dir
     if method.kind == "ngram":
         return NgramDrafts()
     assert method.path is not None
+    if method.kind == "eagle3":
+        return load_eagle3(Path(method.path), target, beams)
     if method.kind == "redrafter":
         emb = target.model.tok_embeddings.weight
         try:
@@ -86,3 +90,26 @@ def load_proposer(method: SpecMethod, target: ModelRunner, beams: int, model_dir
         return DraftModelProposer(draft_runner(loaded.model, target))
     except (ModelLoadError, ValueError, OSError) as exc:
         raise SpecMethodError(f"cannot load draft model {method.path!r}: {exc}") from exc
+
+
+def load_eagle3(path: Path, target: ModelRunner, beams: int) -> Eagle3Proposer:
+    """An EAGLE-3 head checked against the target; one tied to the target's LM head drafts
+    through that head's (possibly quantized) rows."""
+    output = target.model.output
+    weight = _dequantized(output) if isinstance(output, Int8Linear) else output.weight
+    try:
+        head = load_head(path, target.model.args, weight)
+    except (OSError, ValueError) as exc:
+        raise SpecMethodError(f"cannot load EAGLE-3 head {str(path)!r}: {exc}") from exc
+    capture = target.model.capture
+    if capture and capture != aux_layers(head.config, target.model.args):
+        raise SpecMethodError(f"another EAGLE-3 head already reads layers {capture}")
+    proposer = Eagle3Proposer(head, target, beams)
+    if head.config.lm_head_from_target:
+        proposer.use_head(head_rows(output, proposer.ids))
+    return proposer
+
+
+def _dequantized(head: Int8Linear) -> Tensor:
+    """The float weight [V, H] of an int8 head (codes times per-row scales)."""
+    return head.codes.float() * head.scales.float()[:, None]

@@ -1,0 +1,60 @@
+"""EAGLE-3 acceptance through the engine on the benchmark's prompts (no timing): tree and chain.
+
+For the first ``--limit`` GSM8K test problems in the agent's prompt (as ``spec_bench.py``
+renders them), greedy, one request at a time, float32 CPU: acceptance length, accepted/drafted,
+per-position acceptance and whether the output equals plain greedy, for a tree of 4 beams of 3
+tokens and a chain of 5 tokens. Prints JSON.
+
+    python benchmarks/eagle3_acceptance.py [--limit 5] [--max-tokens 64] [--eagle3 DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from spec_bench import EAGLE3, agent_prompts
+
+from mathagent.config import EngineSettings, Settings
+from mathagent.model_store import resolve_model
+from mathagent.serving.engine.config import EngineConfig
+from mathagent.serving.engine.llm_engine import LLMEngine
+from mathagent.serving.engine.sampling_params import SamplingParams
+from mathagent.serving.engine.spec_decode.stats import SpecStats
+
+KEYS = ("acceptance_length", "drafted_tokens", "accepted_tokens", "per_position_acceptance")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--eagle3", type=Path, default=EAGLE3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model_dir, out = Settings().model_dir, {}
+    for beams, length in ((4, 3), (1, 5)):
+        settings = EngineSettings(device="cpu", max_batch_size=1, max_seq_len=1024,
+                                  draft_beams=beams, draft_len=length, threads=1)  # fmt: skip
+        engine = LLMEngine(EngineConfig.from_settings(settings, resolve_model(None, model_dir)),
+                           model_dir)  # fmt: skip
+        prompts = agent_prompts(engine, args.limit)
+        greedy = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
+        plain = [r.token_ids for r in engine.generate(prompts, greedy)]
+        spec = greedy.model_copy(update={"speculative": f"eagle3:{args.eagle3}"})
+        stats, same = SpecStats(), True
+        for prompt, ref in zip(prompts, plain, strict=True):
+            (res,) = engine.generate([prompt], spec)
+            stats.merge(res.metrics.speculative)
+            same &= res.token_ids == ref
+        d = stats.as_dict()
+        out[f"beams{beams}_len{length}"] = {k: d[k] for k in KEYS} | {
+            "identical_to_plain_greedy": same
+        }
+    print(json.dumps({"problems": args.limit, "max_tokens": args.max_tokens, **out}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

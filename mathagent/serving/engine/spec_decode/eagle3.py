@@ -1,0 +1,196 @@
+"""EAGLE-3 drafting inside the engine's speculative step.
+
+The proposer asks the target's forward for its low/middle/high hidden states
+(``Transformer.capture``) and fuses them with the head's ``fc`` as they are produced, into a
+per-slot feature buffer indexed by write position (prefill and verify rows alike). Before each
+draft it brings its own decoder layer's KV cache (per slot, by position) up to the committed
+length: position ``t`` holds the layer's K/V for the pair (features at ``t``, token ``t + 1``).
+A tree draft's accepted branch first has its features moved to consecutive positions, as the
+speculator moves the target's K/V. Drafting then runs the layer on its own output: a chain
+(argmax, or sampled from the warped draft distribution with ``q`` kept for lossless
+verification), or with several beams a beam search (top-k per depth, each beam attending to the
+context and its own ancestors), verified by the engine's tree verification.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mathagent.serving.engine.model import rope_table
+from mathagent.serving.engine.spec_decode.eagle3_head import Eagle3Head, attend
+from mathagent.serving.engine.spec_decode.eagle3_loader import aux_layers
+from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
+from mathagent.serving.engine.spec_decode.verify import build_tree
+
+if TYPE_CHECKING:
+    from mathagent.serving.engine.model_runner import ModelRunner
+
+
+class Eagle3Proposer:
+    """Drafts with an EAGLE-3 head over the target's fused hidden states."""
+
+    def __init__(self, head: Eagle3Head, runner: ModelRunner, beams: int) -> None:
+        model, dev, cfg = runner.model, runner.device, head.config
+        # a one-row product is fastest in float32 on a CPU; on CUDA follow the target
+        self.dtype = torch.float32 if dev.type == "cpu" else runner.config.dtype
+        self.head = head.to(dev, self.dtype).eval()
+        emb = (
+            head.embed_tokens.weight
+            if head.embed_tokens is not None
+            else model.tok_embeddings.weight
+        )
+        self.embedding = emb.detach().to(dev, self.dtype)  # [V, H]
+        self.ids = self.head.target_ids()  # [V'] target id of each draft column
+        self.beams = beams
+        slots, seq = runner.cache.num_slots, runner.max_seq_len
+        self.feats = torch.zeros(slots, seq, cfg.hidden_size, device=dev, dtype=self.dtype)
+        kv = (slots, cfg.num_key_value_heads, seq, cfg.dim)
+        self.k = torch.zeros(kv, device=dev, dtype=self.dtype)  # the layer's K/V by position
+        self.v = torch.zeros(kv, device=dev, dtype=self.dtype)
+        cos, sin = rope_table(cfg.layer_args(), seq)
+        self.cos, self.sin = cos.to(dev, self.dtype), sin.to(dev, self.dtype)  # [S, D]
+        self._project: Callable[[Tensor], Tensor] | None = None
+        self.layers = aux_layers(cfg, model.args)
+        model.capture = self.layers
+        runner.feature_sinks.append(self._sink)
+
+    def use_head(self, project: Callable[[Tensor], Tensor]) -> None:
+        """Score draft columns with ``project`` (normed output [N, H] -> [N, V']), e.g. the
+        target's own (possibly quantized) head rows when the head is tied to it."""
+        self._project = project
+
+    def _logits(self, out: Tensor) -> Tensor:
+        if self._project is None:
+            return self.head.logits(out)
+        return self._project(self.head.norm(out)).float()
+
+    @torch.inference_mode()
+    def _sink(self, slots: list[int], write: Tensor, captured: Tensor) -> None:
+        """Fuse a forward's captured hidden states [B, T, 3H] into the slots' features."""
+        fused = self.head.fc(captured.to(self.dtype))  # [B, T, H]
+        rows = torch.tensor(slots, device=write.device)[:, None].expand_as(write)
+        self.feats[rows, write] = fused
+
+    @torch.inference_mode()
+    def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
+        out = []
+        for row in rows:
+            seq = row.seq
+            if seq.slot is None or k < 1:
+                out.append(Draft.chain(seq.last_token, []))
+                continue
+            last = self._settle(row)  # [1, H] the layer's output at the last committed position
+            if not row.greedy:
+                draft = self._sample_chain(row, last, k)
+            elif self.beams > 1:
+                draft = Draft(self._beam_search(row, last, k).cpu())
+            else:
+                draft = Draft(self._beam_search(row, last, k, width=1).cpu())
+            row.state["beams"] = draft.beams
+            out.append(draft)
+        return out
+
+    def accepted(self, row: SpecRow, old_cached: int, num_accepted: int) -> None:
+        """Remember which draft was verified, so the next step can find its accepted branch."""
+        row.state["pending"] = (old_cached, row.state.pop("beams", None), num_accepted)
+
+    def _settle(self, row: SpecRow) -> Tensor:
+        """Bring the layer's KV cache up to the committed length; its output at the end."""
+        seq, st = row.seq, row.state
+        slot, c = seq.slot, seq.num_cached
+        assert slot is not None
+        ids = seq.all_ids  # the committed tokens, then the root (not yet cached)
+        pending = st.pop("pending", None)
+        if pending is not None and pending[1] is not None and pending[1].shape[0] > 1:
+            base, beams, n_acc = pending
+            self._compact(slot, base, beams, ids[base + 1 : base + 1 + n_acc])
+        n = min(st.get("n", 0), c - 1)
+        emb = self.embedding[torch.tensor(ids[n + 1 : c + 1], device=self.embedding.device)]
+        out = self._layer(slot, emb[None], self.feats[slot, n:c][None], n, c)
+        st["n"] = c
+        return out[:, -1]
+
+    def _compact(self, slot: int, base: int, beams: Tensor, committed: list[int]) -> None:
+        """Move the accepted tree branch's features to consecutive positions after ``base``."""
+        tree = build_tree(beams)
+        pairs = zip(tree.parents.tolist(), tree.tokens.tolist(), strict=True)
+        child = {(p, t): i for i, (p, t) in enumerate(pairs) if p >= 0}
+        node, path = 0, []
+        for tok in committed:
+            node = child.get((node, tok), -1)
+            if node < 0:
+                break
+            path.append(node)
+        if path:
+            src = torch.tensor(path, device=self.feats.device) + base
+            dst = torch.arange(1, len(path) + 1, device=self.feats.device) + base
+            self.feats[slot, dst] = self.feats[slot, src].clone()
+
+    def _layer(self, slot: int, emb: Tensor, hidden: Tensor, start: int, end: int) -> Tensor:
+        """Run the layer on one row's positions ``start..end-1`` (emb, hidden [1, T, H]),
+        writing their K/V and attending causally over the slot's positions ``< end``."""
+        pos = torch.arange(start, end, device=self.k.device)
+        cos, sin = self.cos[pos][None, :, None], self.sin[pos][None, :, None]
+        residual, q, k, v = self.head.midlayer.project(emb, hidden.to(self.dtype), cos, sin)
+        self.k[slot, :, start:end] = k[0]
+        self.v[slot, :, start:end] = v[0]
+        mask = None
+        if end - start > 1:
+            mask = (torch.arange(end, device=pos.device)[None] <= pos[:, None])[None, None]
+        out = attend(q, self.k[slot : slot + 1, :, :end], self.v[slot : slot + 1, :, :end], mask)
+        return self.head.midlayer.finish(residual, out)  # [1, T, H]
+
+    def _sample_chain(self, row: SpecRow, last: Tensor, k: int) -> Draft:
+        """One chain drawn from the warped draft distribution; ``q`` over the target vocab."""
+        seq, c = row.seq, row.seq.num_cached
+        assert row.warp is not None and seq.slot is not None
+        hidden, toks, qs = last[None], [], []
+        for j in range(k):
+            if j:
+                emb = self.embedding[toks[-1]].view(1, 1, -1)
+                hidden = self._layer(seq.slot, emb, hidden, c - 1 + j, c + j)
+            q = row.warp(self._logits(hidden[:, -1]))  # [1, V']
+            col = torch.multinomial(q.cpu(), 1, generator=seq.generator).to(q.device)[0]
+            toks.append(self.ids[col])
+            qs.append(q.new_zeros(1, self.embedding.shape[0]).index_copy_(1, self.ids, q))
+        tokens = [int(t) for t in torch.cat(toks).tolist()]
+        return Draft.chain(seq.last_token, tokens, torch.cat(qs))
+
+    def _beam_search(self, row: SpecRow, last: Tensor, k: int, width: int | None = None) -> Tensor:
+        """Beams [W, 1 + k] starting with the root: the top-W continuations by draft
+        log-probability, each beam attending to the context and its own drafted tokens."""
+        seq, c = row.seq, row.seq.num_cached
+        slot = seq.slot
+        assert slot is not None
+        w = min(width or self.beams, self.ids.numel())
+        score, col = F.log_softmax(self._logits(last), dim=-1)[0].topk(w)  # [W]
+        toks = self.ids[col]
+        beams = torch.stack([torch.full_like(toks, seq.last_token), toks], 1)  # [W, 2]
+        hidden = last.expand(w, -1)[:, None]  # [W, 1, H]
+        ctx_k, ctx_v = (
+            self.k[slot, :, :c].expand(w, -1, -1, -1),
+            self.v[slot, :, :c].expand(w, -1, -1, -1),
+        )
+        spec_k = ctx_k[:, :, :0]
+        spec_v = spec_k
+        mid = self.head.midlayer
+        for j in range(1, k):
+            pos = c - 1 + j
+            emb = self.embedding[toks][:, None]  # [W, 1, H]
+            cos, sin = self.cos[pos].view(1, 1, 1, -1), self.sin[pos].view(1, 1, 1, -1)
+            residual, q, kk, vv = mid.project(emb, hidden, cos, sin)
+            spec_k, spec_v = torch.cat([spec_k, kk], 2), torch.cat([spec_v, vv], 2)
+            att = attend(q, torch.cat([ctx_k, spec_k], 2), torch.cat([ctx_v, spec_v], 2), None)
+            hidden = mid.finish(residual, att)  # [W, 1, H]
+            logp = F.log_softmax(self._logits(hidden[:, 0]), dim=-1)  # [W, V']
+            vocab = logp.shape[-1]
+            score, flat = (score[:, None] + logp).view(-1).topk(w)
+            src, toks = flat // vocab, self.ids[flat % vocab]
+            beams = torch.cat([beams[src], toks[:, None]], 1)
+            hidden, spec_k, spec_v = hidden[src], spec_k[src], spec_v[src]
+        return beams

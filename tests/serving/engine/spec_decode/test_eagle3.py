@@ -1,0 +1,229 @@
+"""EAGLE-3: the published checkpoint layout, its refusals, training = inference, and the engine
+(greedy token-identical to plain on the real default model in float32; sampling exact)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mathagent.config import EngineSettings
+from mathagent.drafter.eagle3_data import Batch
+from mathagent.drafter.eagle3_train import ttt_logits
+from mathagent.serving.engine.config import EngineConfig
+from mathagent.serving.engine.llm_engine import LLMEngine
+from mathagent.serving.engine.loader import load_model
+from mathagent.serving.engine.model import ModelArgs, rope_table
+from mathagent.serving.engine.sampling_params import SamplingParams
+from mathagent.serving.engine.spec_config import SpecMethod
+from mathagent.serving.engine.spec_decode.eagle3_head import (
+    Eagle3CheckpointError,
+    Eagle3Config,
+    Eagle3Head,
+    attend,
+)
+from mathagent.serving.engine.spec_decode.eagle3_loader import load_head
+from mathagent.serving.engine.spec_decode.registry import load_eagle3
+from tests.conftest import PROMPTS
+from tests.serving.engine.spec_decode.eagle3_fixture import (
+    reference_tensors,
+    smollm_head_config,
+    write_reference_head,
+)
+from tests.serving.engine.spec_decode.stats import chi_square_p
+from tests.serving.engine.spec_decode.test_spec_sampling import PARAMS, PROMPT, SAMPLES
+from tests.serving.engine.spec_decode.test_spec_sampling import _exact_marginals as exact_marginals
+
+SMOLLM = ModelArgs("LlamaForCausalLM", 49152, 576, 1536, 30, 9, 3, 64, tie_word_embeddings=True)
+
+
+def test_a_reference_layout_head_loads_and_saves_the_same_keys(tmp_path: Path) -> None:
+    cfg = smollm_head_config()
+    tensors = reference_tensors(cfg)
+    head = load_head(write_reference_head(tmp_path / "ref", cfg, tensors), SMOLLM)
+    for key, value in tensors.items():
+        torch.testing.assert_close(head.state_dict()[key], value.to(head.state_dict()[key].dtype))
+    assert head.config.draft_vocab_size == 2048 and head.config.aux_layer_ids is None
+    ids = head.target_ids()
+    assert bool(tensors["t2d"][ids].all()) and ids.unique().numel() == 2048
+    head.save_pretrained(tmp_path / "again")
+    assert set(load_file(str(tmp_path / "again" / "model.safetensors"))) == set(tensors)
+    raw = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert raw["architectures"] == ["LlamaForCausalLMEagle3"] and raw["draft_vocab_size"] == 2048
+    assert raw["max_position_embeddings"] == 2048  # keys the project does not read are kept
+
+
+@pytest.mark.parametrize(
+    ("change", "drop", "message"),
+    [
+        ({"hidden_size": 512, "num_attention_heads": 8}, (), "target hidden states of size 512"),
+        ({"target_hidden_size": 1024}, (), "hidden states of size 1024"),
+        ({"vocab_size": 32000}, (), "vocabulary of 32000"),
+        ({}, ("d2t",), "lacks d2t"),
+        ({}, ("t2d",), "lacks t2d"),
+        ({}, ("midlayer.mlp.up_proj.weight",), "missing tensors .*up_proj"),
+        ({"num_hidden_layers": 2}, (), "one decoder layer"),
+        ({"eagle_aux_hidden_state_layer_ids": [2, 15, 40]}, (), "must name 3 distinct layers"),
+    ],
+)
+def test_a_mismatched_head_is_refused_clearly(tmp_path: Path, change, drop, message) -> None:
+    cfg = smollm_head_config()
+    tensors = reference_tensors(cfg)
+    cfg.update(change)
+    for key in drop:
+        del tensors[key]
+    with pytest.raises(Eagle3CheckpointError, match=message):
+        load_head(write_reference_head(tmp_path, cfg, tensors), SMOLLM)
+
+
+def test_wrong_shapes_and_bad_maps_are_refused(tmp_path: Path) -> None:
+    cfg = smollm_head_config()
+    bad = reference_tensors(cfg)
+    bad["fc.weight"] = bad["fc.weight"][:, :1000]
+    with pytest.raises(Eagle3CheckpointError, match=r"fc.weight is \(576, 1000\)"):
+        load_head(write_reference_head(tmp_path / "a", cfg, bad), SMOLLM)
+    dup = reference_tensors(cfg)
+    dup["d2t"][1] = dup["d2t"][0] - 1  # draft ids 0 and 1 onto one target id
+    with pytest.raises(Eagle3CheckpointError, match="onto one id twice"):
+        load_head(write_reference_head(tmp_path / "b", cfg, dup), SMOLLM)
+
+
+def _small_head(seed: int = 0) -> Eagle3Head:
+    cfg = Eagle3Config(32, 48, 4, 2, 100, 60)
+    torch.manual_seed(seed)
+    head = Eagle3Head(cfg)
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    head.set_draft_vocab(torch.randperm(100)[:60])
+    return head
+
+
+def test_the_training_time_test_is_what_a_drafted_chain_computes() -> None:
+    """Step s at t of the unrolled training forward equals drafting s tokens after position t
+    with the layer's KV cache over 0..t and the chain's own keys (as the proposer drafts)."""
+    head, emb = _small_head(), torch.randn(100, 32)
+    t_len, steps = 7, 3
+    tokens = torch.randint(0, 100, (1, t_len))
+    batch = Batch(torch.randn(1, t_len, 96), tokens, tokens, torch.tensor([t_len]), torch.zeros(1))
+    cos, sin = rope_table(head.config.layer_args(), 16)
+    with torch.no_grad():
+        trained = ttt_logits(head, emb, batch, steps, (cos, sin))
+        mid, g = head.midlayer, head.fc(batch.aux)
+        t = 3
+        keys, values, hidden = [], [], None
+        for s in range(steps):  # position t's chain: context 0..t from step 0, then its own keys
+            inp = g[:, : t + 1] if s == 0 else hidden
+            pos = torch.arange(t + 1) if s == 0 else torch.tensor([t + s])
+            tok = tokens[:, 1 + s : t + 2 + s] if s == 0 else tokens[:, t + 1 + s : t + 2 + s]
+            res, q, k, v = mid.project(
+                emb[tok], inp, cos[pos][None, :, None], sin[pos][None, :, None]
+            )
+            keys.append(k)
+            values.append(v)
+            mask = None
+            if s == 0:
+                mask = (torch.arange(t + 1)[None] <= torch.arange(t + 1)[:, None])[None, None]
+            out = mid.finish(res, attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask))
+            hidden = out[:, -1:]
+            torch.testing.assert_close(head.logits(hidden)[0, 0], trained[s][0, t])
+
+
+@pytest.fixture(scope="module")
+def heads(engine, tmp_path_factory):
+    """A random head in the reference layout, as the engine's tree and as a chain."""
+    path = tmp_path_factory.mktemp("eagle3")
+    cfg = smollm_head_config()
+    tensors = reference_tensors(cfg)
+    # drafts that are sometimes right: the head scores with the target's own rows
+    tensors["lm_head.weight"] = engine.runner.model.output.weight.detach()[
+        torch.arange(2048) + tensors["d2t"]
+    ].half()
+    write_reference_head(path, cfg, tensors)
+    chain = SpecMethod("eagle3", f"{path}#chain")
+    engine.speculator.proposers.register(chain, load_eagle3(path, engine.runner, 1))
+    shipped = Path(__file__).resolve().parents[4] / "mathagent/serving/drafters"
+    yield [f"eagle3:{path}", str(chain), f"eagle3:{shipped / 'SmolLM2-135M-Instruct-eagle3'}"]
+    engine.runner.feature_sinks.clear()
+    engine.runner.model.capture = ()
+
+
+def test_greedy_eagle3_is_token_identical_to_plain(engine, heads) -> None:
+    plain = engine.generate(PROMPTS[:6], SamplingParams(max_tokens=16, temperature=0.0))
+    for method in heads:
+        params = SamplingParams(max_tokens=16, temperature=0.0, speculative=method)
+        batched = engine.generate(PROMPTS[:6], params)
+        one = engine.generate(PROMPTS[:1], params)
+        assert [r.token_ids for r in batched] == [r.token_ids for r in plain], method
+        assert one[0].token_ids == plain[0].token_ids
+        spec = batched[0].metrics.speculative
+        assert spec["drafted_tokens"] > 0 and len(spec["per_position_acceptance"]) > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_engine() -> LLMEngine:
+    """The sampling test's tiny random target with a random EAGLE-3 head of half its vocab."""
+    settings = EngineSettings(device="cpu", dtype="float32", max_batch_size=48, max_seq_len=64)
+    config = EngineConfig.from_settings(settings, "random:tiny")
+    loaded = load_model("random:tiny", Path("/nonexistent"), config.device, config.dtype)
+    with torch.no_grad():
+        loaded.model.output.weight.mul_(12.0)
+    engine = LLMEngine(config, Path("/nonexistent"), loaded)
+    args = loaded.model.args
+    cfg = Eagle3Config(args.hidden_size, 96, args.num_heads, args.num_kv_heads, args.vocab_size,
+                       args.vocab_size // 2, head_dim=args.head_dim, aux_layer_ids=(0, 1, args.num_layers))  # fmt: skip
+    torch.manual_seed(1)
+    head = Eagle3Head(cfg)
+    with torch.no_grad():
+        head.lm_head.weight.mul_(8.0)
+    head.set_draft_vocab(torch.randperm(args.vocab_size)[: args.vocab_size // 2])
+    path = Path(__file__).parent  # only the method's name; the head is registered built
+    from mathagent.serving.engine.spec_decode.eagle3 import Eagle3Proposer
+
+    engine.speculator.proposers.register(
+        SpecMethod("eagle3", str(path)), Eagle3Proposer(head, engine.runner, 2)
+    )
+    return engine
+
+
+def test_eagle3_sampling_matches_the_target_distribution(tiny_engine) -> None:
+    exact = exact_marginals(tiny_engine, 3)
+    method = f"eagle3:{Path(__file__).parent}"
+    params = [
+        SamplingParams(max_tokens=3, seed=i, speculative=method, **PARAMS) for i in range(SAMPLES)
+    ]
+    results = tiny_engine.generate([PROMPT] * SAMPLES, params)
+    for pos in range(3):
+        counts = torch.bincount(torch.tensor([r.token_ids[pos] for r in results]), minlength=1024)
+        assert chi_square_p(counts, exact[pos]) > 0.01, pos
+    drafted = sum(r.metrics.speculative["drafted_tokens"] for r in results)
+    accepted = sum(r.metrics.speculative["accepted_tokens"] for r in results)
+    assert drafted > 0 and 0 < accepted < drafted
+
+
+def test_generate_cli_runs_eagle3_and_refuses_a_bad_head(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    cfg = smollm_head_config()
+    head = write_reference_head(tmp_path / "head", cfg, reference_tensors(cfg))
+    env = {**os.environ, "MATHAGENT_ENGINE__DEVICE": "cpu", "MATHAGENT_ENGINE__MAX_SEQ_LEN": "256"}
+    cmd = [sys.executable, "-m", "mathagent", "generate", "1, 2, 3, 1, 2, 3, 1, 2, 3, 1,"]
+    done = subprocess.run(
+        [*cmd, "--max-tokens", "8", "--speculative", f"eagle3:{head}", "--json"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    assert out["drafted_tokens"] > 0 and "per_position_acceptance" in out
+    assert out["draft_ms_per_step"] > 0 and out["verify_ms_per_step"] > 0
+    (head / "config.json").write_text(json.dumps({**cfg, "hidden_size": 1024}))
+    bad = subprocess.run(
+        [*cmd, "--speculative", f"eagle3:{head}"], capture_output=True, text=True, env=env,
+        timeout=600,
+    )  # fmt: skip
+    assert bad.returncode != 0
+    assert "cannot load EAGLE-3 head" in bad.stderr and "Traceback" not in bad.stderr
