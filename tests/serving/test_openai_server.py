@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 
 import httpx
 import openai
@@ -11,6 +14,7 @@ import pytest
 from mathagent.config import Settings
 from mathagent.runtime import engine_builder
 from mathagent.serving.embedded import EmbeddedServer
+from mathagent.serving.openai_server import body_limit
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +149,19 @@ def test_disconnect_frees_slot(base_url, engine):
         assert time.monotonic() < deadline, "the slot was not freed after the disconnect"
         time.sleep(0.1)
     assert not engine.has_unfinished()
+
+
+def test_oversized_body_is_413_in_openai_shape_even_written_whole(base_url, engine):
+    """A body larger than any context the model holds is refused before it is read; urllib
+    writes all 20 MiB before reading and still gets the 413, not a connection reset."""
+    assert body_limit(engine.max_seq_len) < 20 * 1024 * 1024
+    big = b'{"prompt": "' + b"a" * (20 * 1024 * 1024) + b'"}'
+    request = urllib.request.Request(f"{base_url}/v1/completions", data=big)
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=60)
+    assert caught.value.code == 413
+    assert "limit" in json.loads(caught.value.read())["error"]["message"]
+    assert httpx.get(f"{base_url}/health", timeout=10).status_code == 200
 
 
 def test_metrics(base_url):
