@@ -20,6 +20,7 @@ from contextlib import aclosing
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.sse import EventSourceResponse, format_sse_event
@@ -29,6 +30,7 @@ from mathagent.agent.result import SolveResult
 from mathagent.agent.solver import SolveOptions, Solver
 from mathagent.body_limit import BodyLimit
 from mathagent.config import Settings
+from mathagent.http_errors import SafeJSONResponse, validation_errors
 
 # Declares the scheme in the OpenAPI schema; the header itself is checked by _bearer_check.
 _BEARER = HTTPBearer(auto_error=False)
@@ -119,7 +121,16 @@ def create_app(solver: Solver, settings: Settings) -> FastAPI:
         title="mathagent",
         summary="Solve math problems with a tool-calling model and sandboxed Python.",
         version="0.1.0",
+        default_response_class=SafeJSONResponse,
     )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": validation_errors(exc.errors())}, status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": exc.detail}, exc.status_code, exc.headers)
 
     if settings.api_key == "":
         # An empty key would lock every caller out, or (read as unset) open the API unseen.

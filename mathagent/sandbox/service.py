@@ -16,13 +16,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mathagent import __version__
 from mathagent.body_limit import BodyLimit
 from mathagent.config import SandboxSettings
+from mathagent.http_errors import SafeJSONResponse
 from mathagent.sandbox.base import SESSION_ID_PATTERN, ExecRequest
 from mathagent.sandbox.pool import ContainerPool, SandboxBusy, SandboxError
 
@@ -44,20 +44,25 @@ def create_app(settings: SandboxSettings, pool: ContainerPool | None = None) -> 
         finally:
             await pool.aclose()
 
-    app = FastAPI(title="mathagent sandbox", version=__version__, lifespan=lifespan)
+    app = FastAPI(
+        title="mathagent sandbox",
+        version=__version__,
+        lifespan=lifespan,
+        default_response_class=SafeJSONResponse,
+    )
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
     @app.exception_handler(_BadRequest)
-    async def bad_request(request: Request, exc: _BadRequest) -> JSONResponse:
-        return JSONResponse({"detail": exc.message}, status_code=exc.status)
+    async def bad_request(request: Request, exc: _BadRequest) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": exc.message}, status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"detail": _describe(exc.errors())}, status_code=422)
+    async def invalid(request: Request, exc: RequestValidationError) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": _describe(exc.errors())}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": exc.detail}, status_code=exc.status_code)
 
     @app.post("/execute")
     async def execute(request: Request) -> dict[str, Any]:

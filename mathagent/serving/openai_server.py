@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.sse import EventSourceResponse, format_sse_event
 
 from mathagent.body_limit import BodyLimit
+from mathagent.http_errors import SafeJSONResponse
 from mathagent.serving.engine.async_engine import AsyncEngine
 from mathagent.serving.engine.llm_engine import PromptError
 from mathagent.serving.engine.sequence import RequestOutput
@@ -183,7 +184,7 @@ def _usage(out: RequestOutput) -> dict[str, Any]:
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
-    return JSONResponse(_error_body(status, message, kind), status_code=status)
+    return SafeJSONResponse(_error_body(status, message, kind), status_code=status)
 
 
 def _error_body(status: int, message: str, kind: str = "BadRequestError") -> dict[str, Any]:

@@ -84,6 +84,25 @@ async def test_non_json_body_is_a_4xx():
 
 
 @pytest.mark.parametrize(
+    "body",
+    [
+        b'{"code": "\xed\xa0\x80"}',  # a lone surrogate that json.loads lets through
+        b'{"problem": "\\ud800"}',
+        b'{"problem": "p", "\\udcff": 1}',
+        b'{"problem": "p", "max_tokens": NaN}',
+        b'{"problem": "p", "temperature": Infinity}',
+        b'{"problem": "p", "top_p": -Infinity}',
+    ],
+)
+async def test_hostile_values_echoed_in_errors_are_a_4xx_not_a_500(body):
+    app, _ = app_for([])
+    async with client(app) as c:
+        r = await c.post("/solve", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"]
+
+
+@pytest.mark.parametrize(
     ("headers", "status", "challenge"),
     [
         ({}, 401, 'Bearer realm="mathagent"'),

@@ -90,6 +90,9 @@ def test_request_over_the_size_limit_is_413(http):
         (b'{"code": "1", "session_id": "../etc"}', 422),
         (b'{"code": "1", "language": "python"}', 422),
         (b'{"code": "\\udcff"}', 422),
+        (b'{"code": "1", "\\udcff": 1}', 422),
+        (b'{"code": "1", "\xed\xa0\x80": 1}', 422),
+        (b'{"code": "1", "timeout": "\\ud800"}', 422),
     ],
 )
 def test_malformed_requests_get_a_clear_4xx(http, body, status):

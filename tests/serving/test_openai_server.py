@@ -133,6 +133,23 @@ def test_bad_input_is_400(base_url, body):
     assert resp.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"prompt": "hi", "max_tokens": NaN}',
+        b'{"prompt": "hi", "temperature": Infinity}',
+        b'{"prompt": "hi", "\\udcff": 1}',
+        b'{"prompt": "\\ud800"}',
+        b'{"prompt": "\xed\xa0\x80"}',
+        b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+    ],
+)
+def test_hostile_values_are_a_4xx_not_a_500(base_url, body):
+    for route in ("/v1/completions", "/v1/chat/completions"):
+        resp = httpx.post(f"{base_url}{route}", content=body, timeout=60)
+        assert 400 <= resp.status_code < 500, (route, resp.status_code, resp.text)
+
+
 def test_too_long_prompt_names_limits(base_url, engine):
     resp = httpx.post(f"{base_url}/v1/completions", json={"prompt": "word " * 1200}, timeout=60)
     assert str(engine.max_seq_len) in resp.json()["error"]["message"]
