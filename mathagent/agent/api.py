@@ -108,6 +108,16 @@ def _bearer_check(api_key: str | None) -> Callable[..., None]:
     return authorize
 
 
+async def _invalid(_: Request, exc: Exception) -> SafeJSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return SafeJSONResponse({"detail": validation_errors(exc.errors())}, status_code=422)
+
+
+async def _http_error(_: Request, exc: Exception) -> SafeJSONResponse:
+    assert isinstance(exc, HTTPException)
+    return SafeJSONResponse({"detail": exc.detail}, exc.status_code, exc.headers)
+
+
 def _unauthorized(message: str, error: str | None) -> HTTPException:
     challenge = REALM if error is None else f'{REALM}, error="{error}"'
     return HTTPException(401, message, {"WWW-Authenticate": challenge})
@@ -123,14 +133,8 @@ def create_app(solver: Solver, settings: Settings) -> FastAPI:
         version="0.1.0",
         default_response_class=SafeJSONResponse,
     )
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> SafeJSONResponse:
-        return SafeJSONResponse({"detail": validation_errors(exc.errors())}, status_code=422)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> SafeJSONResponse:
-        return SafeJSONResponse({"detail": exc.detail}, exc.status_code, exc.headers)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(HTTPException, _http_error)
 
     if settings.api_key == "":
         # An empty key would lock every caller out, or (read as unset) open the API unseen.

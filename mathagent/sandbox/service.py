@@ -52,17 +52,7 @@ def create_app(settings: SandboxSettings, pool: ContainerPool | None = None) -> 
     )
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
-    @app.exception_handler(_BadRequest)
-    async def bad_request(request: Request, exc: _BadRequest) -> SafeJSONResponse:
-        return SafeJSONResponse({"detail": exc.message}, status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> SafeJSONResponse:
-        return SafeJSONResponse({"detail": _describe(exc.errors())}, status_code=422)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> SafeJSONResponse:
-        return SafeJSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+    _add_error_handlers(app)
 
     @app.post("/execute")
     async def execute(request: Request) -> dict[str, Any]:
@@ -93,6 +83,20 @@ def create_app(settings: SandboxSettings, pool: ContainerPool | None = None) -> 
         return {"status": "ok", "version": __version__, **pool.stats()}
 
     return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(_BadRequest)
+    async def bad_request(request: Request, exc: _BadRequest) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": _describe(exc.errors())}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": exc.detail}, status_code=exc.status_code)
 
 
 def _parse_json(raw: bytes) -> Any:
