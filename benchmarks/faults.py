@@ -168,12 +168,20 @@ def kill_sandbox_during_eval(work: Path, problems: int = 24, concurrency: int = 
     }
 
 
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (its parent, PID 1 here, may never reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def restart_docker(timeout_s: float = 90) -> float:
     """Stop dockerd (SIGTERM, as a service manager does) and start it again; seconds down."""
     pid = int(Path("/var/run/docker.pid").read_text())
     started = time.monotonic()
     os.kill(pid, signal.SIGTERM)
-    while Path(f"/proc/{pid}").exists():
+    while _running(pid):
         if time.monotonic() - started > timeout_s:
             raise RuntimeError("dockerd did not stop")
         time.sleep(0.2)
