@@ -220,6 +220,12 @@ FAULTS = {
 }
 
 
+def _progress(part: str, row: dict) -> dict:
+    """Each part's row on stderr as it ends, so a run stopped later keeps what it measured."""
+    print(json.dumps({part: row}), file=sys.stderr, flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--executions", type=int, default=10_000)
@@ -235,13 +241,17 @@ def main() -> None:
     parts, started = set(args.parts.split(",")), time.monotonic()
     out: dict = {"command": " ".join(sys.argv), "cpus": os.cpu_count()}
     if "sandbox" in parts:
-        out["sandbox"] = sandbox_soak(args.executions, args.sessions, args.seed)
+        out["sandbox"] = _progress(
+            "sandbox", sandbox_soak(args.executions, args.sessions, args.seed)
+        )
     if parts & {"solve_api", "openai_server"}:
-        out.update(services_rows(args.hostile, args.seed, parts))
+        out.update(_progress("services", services_rows(args.hostile, args.seed, parts)))
     if "faults" in parts:
         with tempfile.TemporaryDirectory(prefix="mathagent-soak-") as work:
             out["faults"] = [
-                FAULTS[name](Path(work) / name) for name in args.faults.split(",") if name
+                _progress(name, FAULTS[name](Path(work) / name))
+                for name in args.faults.split(",")
+                if name
             ]
     out["seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(out, indent=2))
