@@ -139,11 +139,14 @@ class Settings(BaseSettings):
     model: str | None = Field(
         None, description="model name at base_url, or a model path for the embedded engine"
     )
-    llm_api_key: str = Field("EMPTY", description="API key sent to base_url")
+    # repr=False: a logged or printed Settings never shows a key.
+    llm_api_key: str = Field("EMPTY", repr=False, description="API key sent to base_url")
     sandbox_url: str | None = Field(
         None, description="sandbox service URL; unset = in-process container pool"
     )
-    api_key: str | None = Field(None, description="bearer token required by the /solve API")
+    api_key: str | None = Field(
+        None, repr=False, description="bearer token required by the /solve API"
+    )
     host: str = Field("127.0.0.1", description="bind address of the services")
     cache_dir: Path = Field(Path.home() / ".cache" / "mathagent")
     data_dir: Path | None = Field(None, description="folder of <name>.jsonl datasets")

@@ -104,3 +104,15 @@ def test_bad_agent_flags_are_refused_before_anything_starts(clean_env, args, mes
 
     done = CliRunner().invoke(app, args)
     assert done.exit_code == 2 and message in done.output
+
+
+@pytest.mark.parametrize(
+    ("host", "says"),
+    [("127.0.0.1", "loopback only"), ("::1", "loopback only"), ("0.0.0.0", "other machines")],
+)
+def test_services_say_where_they_listen(capsys, host, says):
+    from mathagent.cli.common import announce
+
+    announce("mathagent sandbox", host, 6000)
+    err = capsys.readouterr().err
+    assert f"listening on http://{host}:6000" in err and says in err

@@ -1,26 +1,40 @@
 """The /solve HTTP API: ``POST /solve``, ``POST /solve/stream`` (SSE) and ``GET /health``.
 
 Bad input gets a 4xx with a message: empty problems and absurd limits 422, oversized bodies
-413, a missing or wrong bearer token 401, more requests in flight than allowed 429. Model or
-sandbox outages do not fail the request: they come back as ``error`` fields in the result.
+413 (before they are read whole: :class:`~mathagent.body_limit.BodyLimit`), more requests in
+flight than allowed 429. Model or sandbox outages do not fail the request: they come back as
+``error`` fields in the result.
+
+Auth, when ``MATHAGENT_API_KEY`` is set (``/health`` stays open): 401 with
+``WWW-Authenticate: Bearer realm="mathagent"`` when credentials are missing (no error code,
+RFC 6750 §3.1) or malformed (not ``Bearer <token>``: ``error="invalid_request"``), since sending
+credentials fixes it; 403 when a well-formed token is not the key (the caller authenticated
+and is refused). Tokens are compared in constant time (``hmac.compare_digest`` of SHA-256
+digests, so not even the length leaks) and never logged or echoed.
 """
 
-import secrets
+import hashlib
+import hmac
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.sse import EventSourceResponse, format_sse_event
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mathagent.agent.result import SolveResult
 from mathagent.agent.solver import SolveOptions, Solver
+from mathagent.body_limit import BodyLimit
 from mathagent.config import Settings
+from mathagent.http_errors import SafeJSONResponse, validation_errors
 
+# Declares the scheme in the OpenAPI schema; the header itself is checked by _bearer_check.
 _BEARER = HTTPBearer(auto_error=False)
+REALM = 'Bearer realm="mathagent"'
 # Bodies beyond this many bytes over the problem limit are refused before parsing.
 BODY_SLACK_BYTES = 64 * 1024
 
@@ -73,29 +87,40 @@ class _Gate:
 
 def _bearer_check(api_key: str | None) -> Callable[..., None]:
     """The dependency that checks the bearer token (none when no key is configured)."""
+    want = hashlib.sha256(api_key.encode()).digest() if api_key is not None else b""
 
-    def authorize(creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]) -> None:
+    def authorize(
+        request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
+    ) -> None:
         if api_key is None:
             return
-        token = creds.credentials if creds else ""
-        if not secrets.compare_digest(token.encode(), api_key.encode()):
-            raise HTTPException(
-                401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"}
-            )
+        header = request.headers.get("authorization")
+        if header is None:
+            raise _unauthorized("missing bearer token: send Authorization: Bearer <key>", None)
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise _unauthorized("the Authorization header must be Bearer <key>", "invalid_request")
+        got = hashlib.sha256(token.encode()).digest()
+        if not hmac.compare_digest(got, want):
+            raise HTTPException(403, "wrong bearer token")
 
     return authorize
 
 
-def _body_limit(max_bytes: int) -> Callable[..., Any]:
-    """Middleware refusing a declared body over ``max_bytes`` with 413 before reading it."""
+async def _invalid(_: Request, exc: Exception) -> SafeJSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return SafeJSONResponse({"detail": validation_errors(exc.errors())}, status_code=422)
 
-    async def limit_body(request: Request, call_next: Callable[..., Any]) -> Any:
-        size = request.headers.get("content-length")
-        if size and size.isdigit() and int(size) > max_bytes:
-            return JSONResponse({"detail": "request body too large"}, status_code=413)
-        return await call_next(request)
 
-    return limit_body
+async def _http_error(_: Request, exc: Exception) -> SafeJSONResponse:
+    assert isinstance(exc, HTTPException)
+    return SafeJSONResponse({"detail": exc.detail}, exc.status_code, exc.headers)
+
+
+def _unauthorized(message: str, error: str | None) -> HTTPException:
+    challenge = REALM if error is None else f'{REALM}, error="{error}"'
+    return HTTPException(401, message, {"WWW-Authenticate": challenge})
 
 
 def create_app(solver: Solver, settings: Settings) -> FastAPI:
@@ -106,10 +131,16 @@ def create_app(solver: Solver, settings: Settings) -> FastAPI:
         title="mathagent",
         summary="Solve math problems with a tool-calling model and sandboxed Python.",
         version="0.1.0",
+        default_response_class=SafeJSONResponse,
     )
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(HTTPException, _http_error)
 
+    if settings.api_key == "":
+        # An empty key would lock every caller out, or (read as unset) open the API unseen.
+        raise ValueError("MATHAGENT_API_KEY is set but empty: give a key or unset it")
     authorize = _bearer_check(settings.api_key)
-    app.middleware("http")(_body_limit(4 * limits.max_problem_chars + BODY_SLACK_BYTES))
+    app.add_middleware(BodyLimit, max_bytes=4 * limits.max_problem_chars + BODY_SLACK_BYTES)
 
     def options(req: SolveRequest) -> SolveOptions:
         if len(req.problem) > limits.max_problem_chars:

@@ -70,6 +70,17 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+def announce(service: str, host: str, port: int) -> None:
+    """Say on stderr where ``service`` listens and whether other machines can reach it."""
+    loopback = host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
+    reach = (
+        "loopback only; --host or MATHAGENT_HOST to expose it"
+        if loopback
+        else "reachable from other machines"
+    )
+    typer.echo(f"{service}: listening on http://{host}:{port} ({reach})", err=True)
+
+
 def load_settings() -> Settings:
     """The settings from the environment, or one clear line about the bad variable."""
     try:

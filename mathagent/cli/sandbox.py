@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from mathagent.cli.common import Host, fail, settings_of
+from mathagent.cli.common import Host, announce, fail, settings_of
 from mathagent.config import SANDBOX_PORT
 
 app = typer.Typer(help="The Docker sandbox: build its image, serve it.", no_args_is_help=True)
@@ -52,4 +52,5 @@ def serve(
     except docker.errors.DockerException as exc:
         raise fail(f"Docker is not available: {exc}") from exc
     service = create_app(settings.sandbox)
+    announce("mathagent sandbox", host or settings.host, port)
     uvicorn.run(service, host=host or settings.host, port=port, log_level="warning")

@@ -8,7 +8,15 @@ from typing import Annotated
 import typer
 
 from mathagent.cli import launch
-from mathagent.cli.common import AsJson, Host, fail, print_json, settings_of, with_overrides
+from mathagent.cli.common import (
+    AsJson,
+    Host,
+    announce,
+    fail,
+    print_json,
+    settings_of,
+    with_overrides,
+)
 from mathagent.config import ENGINE_PORT, Settings
 from mathagent.serving.engine.spec_config import EMBEDDED_METHODS
 
@@ -104,6 +112,7 @@ def _serve_embedded(
     if dry_run:
         typer.echo(f"embedded engine: model={model or settings.model or 'default'} port={port}")
         return
+    announce("mathagent embedded engine", settings.host, port)
     try:
         run_server(engine_builder(settings, model), settings.host, port)
     except (EngineConfigError, ModelLoadError, UnsupportedModelError, ModelFetchError) as exc:

@@ -22,6 +22,7 @@ from mathagent.cli.common import (
     Recipe,
     Samples,
     Temperature,
+    announce,
     fail,
     print_json,
     settings_of,
@@ -115,4 +116,7 @@ async def _serve_api(settings: Settings, port: int) -> None:
     async with open_solver(settings, tools=True) as rt:
         app = create_app(rt.solver, settings)
         config = uvicorn.Config(app, host=settings.host, port=port, log_level="info")
+        announce("mathagent api", settings.host, port)
+        auth = "on (MATHAGENT_API_KEY)" if settings.api_key else "off: set MATHAGENT_API_KEY"
+        typer.echo(f"mathagent api: bearer auth {auth}", err=True)
         await uvicorn.Server(config).serve()

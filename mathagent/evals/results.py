@@ -2,7 +2,8 @@
 
 Each record is written with one ``write`` of a whole line on an append-only descriptor and
 fsynced, so a process killed at any moment leaves at most one torn last line; reopening cuts
-it off. A record only exists once its line is complete, which makes a re-run exact-once.
+it off. A record only exists once its line is complete, which makes a re-run exact-once. A
+write that fails (a full disk) is cut back at once and raises :class:`ResultsError`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ SUMMARY_FILE = "summary.json"
 
 
 class ResultsError(RuntimeError):
-    """A results file that cannot be resumed (a damaged line before the last one)."""
+    """A results file that cannot be resumed (a damaged line before the last one) or written
+    (a full disk)."""
 
 
 class ResultsFile:
@@ -54,10 +56,19 @@ class ResultsFile:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         data = (json.dumps(record, ensure_ascii=False) + "\n").encode()
-        written = 0
-        while written < len(data):
-            written += os.write(self._fd, data[written:])
-        os.fsync(self._fd)
+        end = os.fstat(self._fd).st_size
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+            os.fsync(self._fd)
+        except OSError as exc:
+            # A full disk may take half a line: cut it so the file holds whole records only.
+            os.ftruncate(self._fd, end)
+            raise ResultsError(
+                f"cannot write {self.path}: {exc.strerror or exc}; the records already there "
+                "are whole: free space and re-run the same command to resume"
+            ) from exc
 
     def close(self) -> None:
         if self._fd is not None:

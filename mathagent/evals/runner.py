@@ -132,7 +132,14 @@ async def _run_all(
             asyncio.create_task(_worker(queue, solve, config, store, tally, bar, task))
             for _ in range(min(config.concurrency, max(len(todo), 1)))
         ]
-        await asyncio.gather(*workers)
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            # One worker's fatal error (a full results disk) stops the others before the
+            # store closes: none may append behind a caller that already saw the error.
+            for worker in workers:
+                worker.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
 
 
 async def _worker(

@@ -120,6 +120,14 @@ class Container:
             raise
         return self
 
+    @property
+    def alive(self) -> bool:
+        """False once the worker's channel has closed: the container died between calls (its
+        Docker daemon restarted, say), so a call sent now could not run."""
+        reader = self._reader
+        # at_eof() stays False while unread bytes (last words on stderr) wait before the EOF.
+        return not self.dead and reader is not None and not getattr(reader, "_eof", False)
+
     async def _attach(self) -> None:
         params = {"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
         sock = await _thread(lambda: self.api.attach_socket(self.id, params=params))

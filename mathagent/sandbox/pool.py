@@ -144,6 +144,9 @@ class ContainerPool(Sandbox):
         return session
 
     async def _run(self, session: _Session, req: ExecRequest) -> ExecResult:
+        if session.container is not None and not session.container.alive:
+            # It died while idle (a Docker restart): nothing ran, so run the cell afresh.
+            await self._drop_container(session)
         lost, session.lost = session.lost, False
         if session.container is None:
             try:
@@ -197,9 +200,10 @@ class ContainerPool(Sandbox):
         """A warm container if one is ready, else a fresh one started now."""
         while self._warm:
             container = self._warm.pop()
-            if not container.dead:
+            if container.alive:
                 self._wake.set()
                 return container
+            self._spawn_task(container.destroy())  # died warm (a Docker restart): remove it
         self._wake.set()
         return await self._new_container()
 

@@ -1,8 +1,9 @@
 """The sandbox HTTP service: ``POST /execute``, ``DELETE /sessions/{id}``, ``GET /health``.
 
 The body is read and parsed by hand so every malformed request gets a precise 4xx (413 past the
-size limit, 400 for bytes that are not a JSON object, 422 for fields of the wrong type or
-range); failures of the sandbox itself are 503, and 429 when every session slot is taken.
+size limit, answered by :class:`~mathagent.body_limit.BodyLimit` before the body is read; 400
+for bytes that are not a JSON object, 422 for fields of the wrong type or range); failures of
+the sandbox itself are 503, and 429 when every session slot is taken.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mathagent import __version__
+from mathagent.body_limit import BodyLimit
 from mathagent.config import SandboxSettings
+from mathagent.http_errors import SafeJSONResponse
 from mathagent.sandbox.base import SESSION_ID_PATTERN, ExecRequest
 from mathagent.sandbox.pool import ContainerPool, SandboxBusy, SandboxError
 
@@ -42,23 +44,19 @@ def create_app(settings: SandboxSettings, pool: ContainerPool | None = None) -> 
         finally:
             await pool.aclose()
 
-    app = FastAPI(title="mathagent sandbox", version=__version__, lifespan=lifespan)
+    app = FastAPI(
+        title="mathagent sandbox",
+        version=__version__,
+        lifespan=lifespan,
+        default_response_class=SafeJSONResponse,
+    )
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
-    @app.exception_handler(_BadRequest)
-    async def bad_request(request: Request, exc: _BadRequest) -> JSONResponse:
-        return JSONResponse({"detail": exc.message}, status_code=exc.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse({"detail": _describe(exc.errors())}, status_code=422)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+    _add_error_handlers(app)
 
     @app.post("/execute")
     async def execute(request: Request) -> dict[str, Any]:
-        body = await _read_json(request, settings.max_request_bytes)
+        body = _parse_json(await request.body())
         try:
             req = ExecRequest.model_validate(body)
         except ValidationError as exc:
@@ -87,18 +85,22 @@ def create_app(settings: SandboxSettings, pool: ContainerPool | None = None) -> 
     return app
 
 
-async def _read_json(request: Request, limit: int) -> Any:
-    """The body as JSON, refusing more than ``limit`` bytes before reading them all."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _BadRequest(413, f"request body is over the {limit}-byte limit")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _BadRequest(413, f"request body is over the {limit}-byte limit")
-        chunks.append(chunk)
-    raw = b"".join(chunks)
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(_BadRequest)
+    async def bad_request(request: Request, exc: _BadRequest) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": exc.message}, status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": _describe(exc.errors())}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> SafeJSONResponse:
+        return SafeJSONResponse({"detail": exc.detail}, status_code=exc.status_code)
+
+
+def _parse_json(raw: bytes) -> Any:
+    """The body as a JSON object, or a 400/422 saying what is wrong with it."""
     if not raw:
         raise _BadRequest(400, "request body is empty; expected a JSON object")
     try:

@@ -2,7 +2,9 @@
 
 The engine steps in its own thread (:class:`AsyncEngine`); handlers only await outputs, so many
 requests share each decode step. A client that goes away mid-request has its request aborted,
-which frees the slot. Starting it: :mod:`mathagent.serving.embedded`.
+which frees the slot. A body larger than any prompt the model's context can hold is refused
+with 413 before it is read (:class:`~mathagent.body_limit.BodyLimit`). Starting it:
+:mod:`mathagent.serving.embedded`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.sse import EventSourceResponse, format_sse_event
 
+from mathagent.body_limit import BodyLimit
+from mathagent.http_errors import SafeJSONResponse
 from mathagent.serving.engine.async_engine import AsyncEngine
 from mathagent.serving.engine.llm_engine import PromptError
 from mathagent.serving.engine.sequence import RequestOutput
@@ -30,6 +34,15 @@ from mathagent.serving.protocol import ChatCompletionRequest, CompletionRequest
 # One response body from the text so far, the output it came with (None: a usage-only chunk)
 # and the request id.
 Render = Callable[[str, RequestOutput | None, str], dict[str, Any]]
+# A context's worth of prompt is at most ~6 bytes of JSON per character (\uXXXX escapes) and
+# ~4 characters per token, or 8 bytes per token id; the slack covers the other fields.
+BODY_BYTES_PER_TOKEN = 32
+BODY_SLACK_BYTES = 1024 * 1024
+
+
+def body_limit(max_seq_len: int) -> int:
+    """The largest request body the server reads, for a model of ``max_seq_len`` tokens."""
+    return BODY_BYTES_PER_TOKEN * max_seq_len + BODY_SLACK_BYTES
 
 
 def create_app(async_engine: AsyncEngine) -> FastAPI:
@@ -46,6 +59,7 @@ def create_app(async_engine: AsyncEngine) -> FastAPI:
 
     app = FastAPI(title="mathagent embedded engine", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_middleware(BodyLimit, max_bytes=body_limit(engine.max_seq_len), render=_error_body)
     name, created = engine.model_name, int(time.time())
 
     @app.get("/health")
@@ -170,8 +184,12 @@ def _usage(out: RequestOutput) -> dict[str, Any]:
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    return JSONResponse(body, status_code=status)
+    return SafeJSONResponse(_error_body(status, message, kind), status_code=status)
+
+
+def _error_body(status: int, message: str, kind: str = "BadRequestError") -> dict[str, Any]:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 
 async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

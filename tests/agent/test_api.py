@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 import httpx
 import pytest
@@ -82,15 +83,55 @@ async def test_non_json_body_is_a_4xx():
     assert r.status_code == 422
 
 
-async def test_bearer_auth_when_a_key_is_set():
-    app, _ = app_for([Turn(["\\boxed{1}"])], api_key="s3cret")
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"code": "\xed\xa0\x80"}',  # a lone surrogate that json.loads lets through
+        b'{"problem": "\\ud800"}',
+        b'{"problem": "p", "\\udcff": 1}',
+        b'{"problem": "p", "max_tokens": NaN}',
+        b'{"problem": "p", "temperature": Infinity}',
+        b'{"problem": "p", "top_p": -Infinity}',
+    ],
+)
+async def test_hostile_values_echoed_in_errors_are_a_4xx_not_a_500(body):
+    app, _ = app_for([])
     async with client(app) as c:
-        assert (await c.post("/solve", json={"problem": "p"})).status_code == 401
-        wrong = {"Authorization": "Bearer nope"}
-        assert (await c.post("/solve", json={"problem": "p"}, headers=wrong)).status_code == 401
-        right = {"Authorization": "Bearer s3cret"}
-        assert (await c.post("/solve", json={"problem": "p"}, headers=right)).status_code == 200
+        r = await c.post("/solve", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "challenge"),
+    [
+        ({}, 401, 'Bearer realm="mathagent"'),
+        ({"Authorization": "s3cret"}, 401, 'error="invalid_request"'),
+        ({"Authorization": "Basic czNjcmV0"}, 401, 'error="invalid_request"'),
+        ({"Authorization": "Bearer "}, 401, 'error="invalid_request"'),
+        ({"Authorization": "Bearer nope"}, 403, None),
+        ({"Authorization": "Bearer s3cret-and-more"}, 403, None),
+        ({"Authorization": "bearer s3cret"}, 200, None),
+        ({"Authorization": "Bearer s3cret"}, 200, None),
+    ],
+)
+async def test_bearer_auth_401_for_bad_credentials_403_for_a_wrong_token(
+    headers, status, challenge, caplog
+):
+    app, _ = app_for([Turn(["\\boxed{1}"])], api_key="s3cret")
+    caplog.set_level(logging.DEBUG)
+    async with client(app) as c:
+        r = await c.post("/solve", json={"problem": "p", "tools": False}, headers=headers)
         assert (await c.get("/health")).status_code == 200
+    assert r.status_code == status, r.text
+    if status == 401:
+        assert challenge in r.headers["www-authenticate"]
+    assert "s3cret" not in r.text and "s3cret" not in caplog.text
+
+
+def test_an_empty_key_is_refused_at_start():
+    with pytest.raises(ValueError, match="empty"):
+        app_for([], api_key="")
 
 
 async def test_stream_sends_one_event_per_step():

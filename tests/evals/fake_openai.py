@@ -1,6 +1,7 @@
 """A real HTTP server speaking the OpenAI streaming chat API with scripted replies (tests only).
 
-For "What is i + i?" it streams "Adding gives \\boxed{2i}" when i is even, else \\boxed{0};
+For "What is i + i?" it streams "Adding gives \\boxed{2i}" when i is even, else \\boxed{0}; or,
+with a tool cell, first a ``<tool_call>`` of that cell and then its output boxed;
 /metrics reports speculative-decoding counters (Prometheus text, or TensorRT-LLM's JSON).
 """
 
@@ -18,7 +19,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 
-def make_app(trtllm: bool = False) -> FastAPI:
+def _tool_turn(messages: list[dict], cell: str) -> list[str]:
+    """A first turn that calls the tool; once its output is in the context, that output boxed."""
+    text = "".join(str(m.get("content", "")) for m in messages)
+    own = text[text.rindex("What is ") :]  # past the few-shot examples and their outputs
+    outputs = re.findall(r"```output\n(.*?)```", own, re.S)
+    if not outputs:
+        return ["Let me compute. ", "<tool_call>", cell]
+    return ["So ", "\\boxed{", outputs[-1].strip(), "}"]
+
+
+def make_app(trtllm: bool = False, tool_cell: str | None = None) -> FastAPI:
+    """``tool_cell`` (a format string over the problem's ``i``): answer by running it first."""
     app = FastAPI()
     state: dict = {"accepted": 0, "drafts": 0, "pending": []}
 
@@ -29,10 +41,12 @@ def make_app(trtllm: bool = False) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> StreamingResponse:
         body = await request.json()
-        user = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
-        i = int(re.findall(r"What is (\d+) \+", user)[-1])
+        users = "".join(m["content"] for m in body["messages"] if m["role"] == "user")
+        i = int(re.findall(r"What is (\d+) \+", users)[-1])
         answer = 2 * i if i % 2 == 0 else 0
         pieces = ["Adding ", "gives ", "\\boxed{", str(answer), "}"]
+        if tool_cell:
+            pieces = _tool_turn(body["messages"], tool_cell.format(i=i))
         state["accepted"] += 6
         state["drafts"] += 4
         stats = {"numAcceptedTokens": 6, "numRequestsWithDraftTokens": 4, "numDraftTokens": 8}
@@ -65,9 +79,10 @@ def make_app(trtllm: bool = False) -> FastAPI:
 
 
 @contextmanager
-def serve(trtllm: bool = False) -> Iterator[str]:
+def serve(trtllm: bool = False, tool_cell: str | None = None) -> Iterator[str]:
     """Run the app on a free loopback port in a thread; yields its base URL."""
-    config = uvicorn.Config(make_app(trtllm), host="127.0.0.1", port=0, log_level="warning")
+    app = make_app(trtllm, tool_cell)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

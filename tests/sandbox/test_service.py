@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
+from http.client import HTTPConnection
+
 import httpx
 import pytest
 
@@ -85,6 +90,9 @@ def test_request_over_the_size_limit_is_413(http):
         (b'{"code": "1", "session_id": "../etc"}', 422),
         (b'{"code": "1", "language": "python"}', 422),
         (b'{"code": "\\udcff"}', 422),
+        (b'{"code": "1", "\\udcff": 1}', 422),
+        (b'{"code": "1", "\xed\xa0\x80": 1}', 422),
+        (b'{"code": "1", "timeout": "\\ud800"}', 422),
     ],
 )
 def test_malformed_requests_get_a_clear_4xx(http, body, status):
@@ -103,3 +111,22 @@ def test_code_that_cannot_compile_is_a_result_not_an_http_error(http):
     for body in (b'{"code": "\\u0000"}', b'{"code": "def ("}'):
         response = http.post("/execute", content=body)
         assert response.status_code == 200 and response.json()["status"] == "error", body
+
+
+def test_20_mib_body_is_413_even_for_clients_that_write_it_whole(sandbox_service):
+    """urllib and http.client send the whole body before reading: they must read the 413, not
+    a connection reset (the failure the held-out attack suite found)."""
+    big = b'{"code": "' + b"#" * (20 * 1024 * 1024) + b'"}'
+    request = urllib.request.Request(
+        f"{sandbox_service}/execute", data=big, headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=60)
+    assert caught.value.code == 413 and b"limit" in caught.value.read()
+    host, port = sandbox_service.removeprefix("http://").split(":")
+    conn = HTTPConnection(host, int(port), timeout=60)
+    conn.request("POST", "/execute", body=big, headers={"Content-Type": "application/json"})
+    reply = conn.getresponse()
+    assert reply.status == 413 and json.loads(reply.read())["detail"]
+    conn.close()
+    assert httpx.post(f"{sandbox_service}/execute", json={"code": "1"}).status_code == 200

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 
 import httpx
 import openai
@@ -11,6 +14,7 @@ import pytest
 from mathagent.config import Settings
 from mathagent.runtime import engine_builder
 from mathagent.serving.embedded import EmbeddedServer
+from mathagent.serving.openai_server import body_limit
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +133,23 @@ def test_bad_input_is_400(base_url, body):
     assert resp.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"prompt": "hi", "max_tokens": NaN}',
+        b'{"prompt": "hi", "temperature": Infinity}',
+        b'{"prompt": "hi", "\\udcff": 1}',
+        b'{"prompt": "\\ud800"}',
+        b'{"prompt": "\xed\xa0\x80"}',
+        b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+    ],
+)
+def test_hostile_values_are_a_4xx_not_a_500(base_url, body):
+    for route in ("/v1/completions", "/v1/chat/completions"):
+        resp = httpx.post(f"{base_url}{route}", content=body, timeout=60)
+        assert 400 <= resp.status_code < 500, (route, resp.status_code, resp.text)
+
+
 def test_too_long_prompt_names_limits(base_url, engine):
     resp = httpx.post(f"{base_url}/v1/completions", json={"prompt": "word " * 1200}, timeout=60)
     assert str(engine.max_seq_len) in resp.json()["error"]["message"]
@@ -145,6 +166,19 @@ def test_disconnect_frees_slot(base_url, engine):
         assert time.monotonic() < deadline, "the slot was not freed after the disconnect"
         time.sleep(0.1)
     assert not engine.has_unfinished()
+
+
+def test_oversized_body_is_413_in_openai_shape_even_written_whole(base_url, engine):
+    """A body larger than any context the model holds is refused before it is read; urllib
+    writes all 20 MiB before reading and still gets the 413, not a connection reset."""
+    assert body_limit(engine.max_seq_len) < 20 * 1024 * 1024
+    big = b'{"prompt": "' + b"a" * (20 * 1024 * 1024) + b'"}'
+    request = urllib.request.Request(f"{base_url}/v1/completions", data=big)
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=60)
+    assert caught.value.code == 413
+    assert "limit" in json.loads(caught.value.read())["error"]["message"]
+    assert httpx.get(f"{base_url}/health", timeout=10).status_code == 200
 
 
 def test_metrics(base_url):
