@@ -12,7 +12,6 @@ import asyncio
 import logging
 import os
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +34,7 @@ from mathagent.sandbox.container import (
     remove_orphans,
 )
 from mathagent.sandbox.image import image_tag
+from mathagent.sandbox.session_ids import SessionIds
 
 log = logging.getLogger(__name__)
 EXPIRED_MEMORY = 10_000
@@ -69,6 +69,7 @@ class ContainerPool(Sandbox):
         self._starting = 0
         self._sessions: dict[str, _Session] = {}
         self._expired: OrderedDict[str, None] = OrderedDict()
+        self._ids = SessionIds()
         self._tasks: set[asyncio.Task] = set()
         self._wake = asyncio.Event()
         self._reaper: asyncio.Task | None = None
@@ -92,9 +93,8 @@ class ContainerPool(Sandbox):
                 ) from None
             except docker.errors.DockerException as exc:
                 raise SandboxError(f"Docker is not available: {exc}") from exc
-            pool_id = uuid.uuid4().hex
-            labels = {LABEL: "1", OWNER_LABEL: owner_id(os.getpid()), POOL_LABEL: pool_id}
-            self._spec = ContainerSpec(tag, self.settings, labels)
+            mine = {OWNER_LABEL: owner_id(os.getpid()), POOL_LABEL: self._ids.instance}
+            self._spec = ContainerSpec(tag, self.settings, {LABEL: "1", **mine})
             self._spawn_task(self._refill_forever())
             self._reaper = self._spawn_task(self._reap_idle_forever())
 
@@ -119,7 +119,7 @@ class ContainerPool(Sandbox):
         if req.timeout > self.settings.max_timeout_s:
             raise ValueError(f"timeout must be at most {self.settings.max_timeout_s:g} s")
         await self.start()
-        session = self._session(req.session_id or uuid.uuid4().hex)
+        session = self._session(req.session_id or self._ids.mint())
         async with session.lock:
             # Closed while this call waited for the lock: it runs in a new session of that id.
             self._sessions.setdefault(session.id, session)
@@ -136,10 +136,9 @@ class ContainerPool(Sandbox):
         if session is None:
             if len(self._sessions) >= self.settings.max_sessions:
                 raise SandboxBusy(f"{self.settings.max_sessions} sessions are open already")
-            # A session that idled out comes back empty: say so on its next call.
-            lost = session_id in self._expired
-            self._expired.pop(session_id, None)
-            session = _Session(session_id, lost=lost)
+            # A session that idled out, or one a restarted service held, comes back empty: say so.
+            expired = self._expired.pop(session_id, 0) is None
+            session = _Session(session_id, lost=expired or self._ids.minted_elsewhere(session_id))
             self._sessions[session_id] = session
         return session
 

@@ -103,6 +103,18 @@ async def test_idle_sessions_are_closed_and_say_so(sandbox_image):
         assert after.state_lost and after.stdout == "False\n"
 
 
+async def test_a_session_from_a_restarted_pool_says_its_state_is_lost(sandbox_image):
+    # The service restarted: the new pool never held the id the old one minted.
+    async with ContainerPool(small_settings(pool_size=0)) as old:
+        first = await run(old, "x = 1")
+    async with ContainerPool(small_settings(pool_size=0)) as new:
+        again = await run(new, "'x' in globals()", first.session_id)
+        assert again.state_lost and again.stdout == "False\n"
+        # A client's own id is a new session, not a lost one.
+        own = await run(new, "1", "client-chosen-id")
+        assert not own.state_lost
+
+
 async def test_orphans_are_removed_and_nothing_is_left_behind(sandbox_image, docker_client):
     orphan = docker_client.api.create_container(
         sandbox_image, labels={LABEL: "1", OWNER_LABEL: f"{os.uname().nodename}:999999:0"}
