@@ -6,7 +6,12 @@ through the real OpenAI-compatible server (``mathagent serve`` in its own proces
 caching (the default) and without. Fixed prompt, fixed lengths, greedy; each timing is
 the best of ``--repeats`` runs (the machine is shared, so the best run is the least disturbed).
 
-    python benchmarks/engine_bench.py [--threads 2] [--configs float32,int4] [--tokens 64]
+    python benchmarks/engine_bench.py [--threads 2] [--configs float32,int4,int4_redrafter]
+                                      [--tokens 64] [--no-server]
+
+With the benchmark extra installed (``pip install -e '.[bench]'``: llama-cpp-python), llama.cpp's
+plain greedy decode of the same GGUF with the same thread count runs interleaved in the same
+run, as the anchor a CPU user would pick instead.
 
 ``float32`` is the engine on the converted weights, as transformers runs them; ``int4`` keeps
 the GGUF's own 4-bit blocks (an int8 head) with bfloat16 activations.
@@ -20,6 +25,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -57,9 +63,33 @@ def transformers_batch1(model, ids: torch.Tensor, tokens: int) -> tuple[float, f
     return (tokens - 1) / (full - ttft), ttft
 
 
-def batch1(engines: dict[str, LLMEngine], tokens: int, repeats: int) -> dict:
-    """Every engine and transformers (float32, the converted weights) interleaved, so load from
-    other processes hits all alike."""
+def llama_cpp_runner(gguf: str, threads: int):
+    """llama.cpp's plain greedy decode on the same GGUF and thread count, or None when the
+    benchmark extra (``pip install -e .[bench]``: llama-cpp-python) is not installed."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model_path=gguf, n_threads=threads, n_threads_batch=threads, n_ctx=1024,
+                verbose=False)  # fmt: skip
+    ids = llm.tokenize(PROMPT.encode(), add_bos=False, special=True)
+
+    def run(tokens: int) -> tuple[float, float]:
+        start, first = time.perf_counter(), 0.0
+        # generate() never stops at EOS by itself: the run is exactly ``tokens`` long
+        for count, _ in enumerate(llm.generate(ids, temp=0.0, top_k=1, reset=True), start=1):
+            if count == 1:
+                first = time.perf_counter()
+            if count == tokens:
+                break
+        return (tokens - 1) / max(time.perf_counter() - first, 1e-9), first - start
+
+    return run
+
+
+def batch1(engines: dict[str, LLMEngine], tokens: int, repeats: int, llama_cpp=None) -> dict:
+    """Every engine, transformers (float32, the converted weights) and llama.cpp (when given)
+    interleaved, so load from other processes hits all alike."""
     from transformers import AutoModelForCausalLM
 
     first = next(iter(engines.values()))
@@ -68,11 +98,16 @@ def batch1(engines: dict[str, LLMEngine], tokens: int, repeats: int) -> dict:
     for engine in engines.values():
         engine_batch1(engine, 4)  # warm-up
     transformers_batch1(model, ids, 4)
-    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in [*engines, "transformers"]}
+    names = [*engines, "transformers"] + (["llama.cpp"] if llama_cpp else [])
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    if llama_cpp:
+        llama_cpp(4)
     for _ in range(repeats):
         for name, engine in engines.items():
             runs[name].append(engine_batch1(engine, tokens))
         runs["transformers"].append(transformers_batch1(model, ids, tokens))
+        if llama_cpp:
+            runs["llama.cpp"].append(llama_cpp(tokens))
     return {
         name: {
             "decode_tokens_per_s": round(max(r[0] for r in rs), 2),
@@ -132,10 +167,13 @@ def server_aggregate(
     return out
 
 
+DRAFTER = Path(__file__).resolve().parents[1] / "mathagent/serving/drafters/SmolLM2-135M-Instruct"
 CONFIGS = {  # name -> engine settings; int4 is the fast CPU path (bf16 activations)
     "float32": dict(dtype="float32", quantization="none"),
     "bfloat16": dict(dtype="bfloat16", quantization="none"),
     "int4": dict(dtype="auto", quantization="int4"),
+    # the int4 path with the shipped drafter on top (draft-length policy on, its default)
+    "int4_redrafter": dict(dtype="auto", quantization="int4", speculative=f"redrafter:{DRAFTER}"),
 }
 
 
@@ -146,28 +184,38 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--port", type=int, default=8765, help="for the server processes")
+    parser.add_argument("--no-server", action="store_true", help="batch-1 timings only")
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     engines = {}
+    model_dir = Settings().model_dir
+    gguf = resolve_model(None, model_dir)
     for name in args.configs.split(","):
         settings = EngineSettings(device="cpu", max_batch_size=8, max_seq_len=1024, **CONFIGS[name])
-        model_dir = Settings().model_dir
-        config = EngineConfig.from_settings(settings, resolve_model(None, model_dir))
+        config = EngineConfig.from_settings(settings, gguf)
         engines[name] = LLMEngine(config, model_dir)
-    measured = batch1(engines, args.tokens, args.repeats)
+    llama_cpp = llama_cpp_runner(str(gguf), args.threads)
+    measured = batch1(engines, args.tokens, args.repeats, llama_cpp)
     ref = measured.pop("transformers")
+    anchor = measured.pop("llama.cpp", None)
     results = {}
     for name in engines:
         measure = (CONFIGS[name], args.threads, args.tokens, args.repeats)
-        server = server_aggregate(*measure, prefix_caching=True, port=args.port)
-        cold = server_aggregate(*measure, prefix_caching=False, port=args.port)
+        if args.no_server:
+            server = cold = {"scaling_8_over_1": float("nan")}
+        else:
+            server = server_aggregate(*measure, prefix_caching=True, port=args.port)
+            cold = server_aggregate(*measure, prefix_caching=False, port=args.port)
         speedup = measured[name]["decode_tokens_per_s"] / ref["decode_tokens_per_s"]
         results[name] = {
             "engine_batch1": measured[name],
             "decode_speedup_vs_transformers": round(speedup, 2),
             "server": server,
             "server_without_prefix_caching": cold,
+            "decode_speedup_vs_llama_cpp": None
+            if anchor is None
+            else round(measured[name]["decode_tokens_per_s"] / anchor["decode_tokens_per_s"], 2),
             "goals": {
                 "batch1_decode_2x_transformers": speedup >= 2.0,
                 "concurrency_8_at_least_4x_of_1": server["scaling_8_over_1"] >= 4.0,
@@ -179,6 +227,7 @@ def main() -> None:
         "threads": args.threads,
         "decode_tokens": args.tokens,
         "transformers_batch1_float32": ref,
+        "llama_cpp_batch1": anchor,  # same GGUF, same threads; None without the bench extra
         "engines": results,
         "load_average_1m": round(os.getloadavg()[0], 2),
     }

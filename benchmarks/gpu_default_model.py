@@ -22,12 +22,11 @@ from pathlib import Path
 
 import torch
 
-from mathagent.agent.plan import agent_prompt
-from mathagent.agent.prompts import ChatTemplate
 from mathagent.config import EngineSettings, Settings
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.sampling_params import SamplingParams
+from mathagent.serving.engine.spec_decode.policy import DraftPolicy
 from mathagent.serving.engine.spec_decode.stats import SpecStats
 
 
@@ -43,13 +42,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--default-device", default="cuda", help="cuda (graphs) or cpu (eager)")
     group.add_argument("--default-dtype", default="float32", choices=["float32", "bfloat16"])
     group.add_argument("--model-dir", type=Path, help="where a GGUF is converted (default: temp)")
+    group.add_argument("--default-policy", default="both", choices=["auto", "fixed", "both"],
+                       help="draft-length policy of the speculative methods (both: each twice)")  # fmt: skip
 
 
 def agent_prompts(engine: LLMEngine, path: Path, limit: int) -> list[str]:
-    """The agent's rendered prompts (tools on) for the first ``limit`` problems of ``path``."""
+    """The agent's rendered prompts (tools on) for the first ``limit`` problems of ``path``;
+    rows that carry a rendered ``prompt`` already (made where the agent's dependencies are
+    installed: ``--render-prompts OUT``) are used as they are."""
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()][:limit]
+    if all("prompt" in r for r in rows):
+        return [r["prompt"] for r in rows]
+    from mathagent.agent.plan import agent_prompt
+    from mathagent.agent.prompts import ChatTemplate
+
     settings = Settings()
     chat = ChatTemplate(engine.tokenizer)
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()][:limit]
     return [
         agent_prompt(settings.agent, engine.model_name, r["problem"], chat_template=chat)
         for r in rows
@@ -71,17 +79,21 @@ def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         engine = make_engine(args, args.model_dir or Path(tmp))
         prompts = agent_prompts(engine, args.prompts, args.default_limit)
-        methods = ["none", "ngram", f"redrafter:{args.drafter}"]
+        spec = ["ngram", f"redrafter:{args.drafter}"]
+        modes = ["auto", "fixed"] if args.default_policy == "both" else [args.default_policy]
+        methods = ["none"] + [f"{m}@{mode}" for m in spec for mode in modes]
+        policies = {m: DraftPolicy(args.default_draft_len, m.endswith("@auto")) for m in methods}
         totals = {m: {"tokens": 0, "seconds": 0.0, "wall": 0.0} for m in methods}
         stats = {m: SpecStats() for m in methods}
         outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
         for method in methods:  # warm-up: captures each method's graphs outside the timing
             engine.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0.0,
-                                                        speculative=method))  # fmt: skip
+                                                        speculative=method.split("@")[0]))  # fmt: skip
         for prompt in prompts:
             for method in methods:
                 params = SamplingParams(max_tokens=args.default_max_tokens, temperature=0.0,
-                                        speculative=method)  # fmt: skip
+                                        speculative=method.split("@")[0])  # fmt: skip
+                engine.speculator.policy = policies[method]  # each method learns its own
                 start = time.perf_counter()
                 (res,) = engine.generate([prompt], params)
                 totals[method]["wall"] += time.perf_counter() - start
@@ -114,7 +126,8 @@ def report(engine, args, prompts, methods, totals, stats, outputs) -> dict:
             d = stats[method].as_dict()
             keys = ("acceptance_length", "drafted_tokens", "accepted_tokens", "acceptance_rate")
             entry.update({k: d[k] for k in keys})
-        out["methods"][method.split(":")[0]] = entry
+        kind, at, mode = method.partition("@")
+        out["methods"][kind.split(":")[0] + at + mode] = entry
     return out
 
 

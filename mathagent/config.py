@@ -45,7 +45,14 @@ class EngineSettings(BaseModel):
     draft_beams: int | None = Field(
         None, ge=1, le=64, description="ReDrafter beams (greedy); unset = 4, or 1 with CPU int4"
     )
-    eager: bool = Field(True, description="skip torch.compile / CUDA graphs")
+    eager: bool | Literal["auto"] = Field(
+        "auto", description="skip torch.compile / CUDA graphs; auto = graphs on CUDA, eager on CPU"
+    )
+    adaptive_draft: bool = Field(
+        True,
+        description="choose the draft length per step (0 = plain decode) from measured "
+        "acceptance and step times, so speculation never runs slower than plain decoding",
+    )
     pack_weights: bool = Field(
         True,
         description="CPU float32: also keep MKL-packed weights for 4-16-row steps (3x weight memory)",

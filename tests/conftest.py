@@ -45,7 +45,10 @@ PROMPTS = [
 
 @pytest.fixture(scope="session")
 def engine_settings() -> EngineSettings:
-    return EngineSettings(device="cpu", dtype="float32", max_batch_size=8, max_seq_len=1024)
+    # speculation tests check every step verifies: the draft-length policy stays off here
+    return EngineSettings(
+        device="cpu", dtype="float32", max_batch_size=8, max_seq_len=1024, adaptive_draft=False
+    )
 
 
 @pytest.fixture(scope="session")

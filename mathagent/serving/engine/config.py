@@ -34,6 +34,7 @@ class EngineConfig:
     prefix_caching: bool = True
     pack_weights: bool = True
     prefill_chunk: int = 512
+    adaptive_draft: bool = True
 
     @classmethod
     def from_settings(cls, settings: EngineSettings, model: str | None = None) -> EngineConfig:
@@ -54,12 +55,21 @@ class EngineConfig:
             speculative=settings.speculative,
             draft_len=settings.draft_len,
             draft_beams=settings.draft_beams or default_beams(device, settings.quantization),
-            eager=settings.eager,
+            eager=resolve_eager(settings.eager, device),
             threads=settings.threads,
             quantization=settings.quantization,
             prefix_caching=settings.prefix_caching,
             pack_weights=settings.pack_weights,
+            adaptive_draft=settings.adaptive_draft,
         )
+
+
+def resolve_eager(eager: bool | str, device: torch.device) -> bool:
+    """'auto': CUDA graphs on CUDA (a batch-1 step is launch-bound without them, 10x slower),
+    eager on a CPU (torch.compile gains little there and costs start-up time)."""
+    if eager == "auto":
+        return device.type != "cuda"
+    return bool(eager)
 
 
 def default_beams(device: torch.device, quantization: str = "none") -> int:

@@ -64,6 +64,7 @@ class LLMEngine:
             embedded_method(config.speculative),
             config.draft_len,
             config.draft_beams,
+            config.adaptive_draft,
         )
         try:  # a drafter that cannot load is a startup error, not a failed step later
             self.speculator.proposer(self.speculator.default)
@@ -160,8 +161,8 @@ class LLMEngine:
                 return [None]
             self.speculator.prefilled(seq, self.runner.last_hidden)
             return [[token]]
-        if self._speculating(batch.seqs):
-            return list(self.speculator.step(batch.seqs))
+        if self._speculating(batch.seqs):  # the speculator picks the draft length, 0 = plain
+            return self.speculator.run(batch.seqs, self.runner.decode)
         return [[t] for t in self.runner.decode(batch.seqs)]
 
     def _speculating(self, seqs: list[Sequence]) -> bool:

@@ -128,6 +128,35 @@ class ModelRunner:
             hidden = hidden[:, -1:]
         return self.model.logits(hidden), hidden
 
+    @torch.inference_mode()
+    def verify(
+        self, tokens: torch.Tensor, depths: torch.Tensor, slots: list[int], base: list[int],
+        tree: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Score draft nodes ``tokens [B, n]`` of rows whose committed length is ``base``.
+
+        Node ``j`` sits at rope position ``base + depths[j]`` and writes its K/V at ``base + j``
+        (consecutive, so the CUDA graphs take it without checking); ``tree [n, n]`` (True =
+        attend) is shared by all rows, None for chains (causal). Returns logits [B, n, V] and
+        hidden [B, n, H]. Nothing here waits for the device.
+        """
+        rows, n = tokens.shape
+        start = torch.tensor(base, device=self.device)
+        write = start[:, None] + torch.arange(n, device=self.device)
+        positions = start[:, None] + depths[None]
+        if tree is None:  # a chain: causal by position, the plain verify layout
+            return self.forward(tokens, positions, slots)
+        if self.graphs is not None and self.graphs.accepts(rows, n):
+            if self.lookahead is not None:
+                self.lookahead.drop()
+            slot_ids = torch.tensor(slots, device=self.device)
+            return self.graphs.run(tokens, positions, slot_ids, write, tree=tree)
+        kv_len = max(base) + n
+        seen = self.kv_positions[:kv_len] < start[:, None, None]  # [B, 1, kv_len]
+        mask = seen.expand(rows, n, kv_len).clone()
+        mask.scatter_(2, write[:, None, :].expand(rows, n, n), tree[None].expand(rows, n, n))
+        return self.forward(tokens, positions, slots, attn_mask=mask, write_positions=write)
+
     def _mask(
         self, positions: torch.Tensor, kv_len: int, attn_mask: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, bool]:

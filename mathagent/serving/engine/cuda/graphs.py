@@ -96,13 +96,15 @@ class CudaGraphRunner:
         slots: torch.Tensor,
         write_positions: torch.Tensor,
         attn_mask: torch.Tensor | None = None,
+        tree: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step of ``tokens [B, T]``; returns views ``(logits [B, T, V], hidden [B, T, H])``.
 
         K/V go to ``write_positions``, which must be consecutive per row; ``attn_mask
         [B, T, kv_len]`` (True = attend) may restrict which new tokens see each other, and
-        everything before a row's first write position is visible. The views stay valid
-        until the next step.
+        everything before a row's first write position is visible; ``tree [T, T]`` gives the
+        new tokens' mask directly, the same for every row. The views stay valid until the
+        next step.
         """
         rows, width = tokens.shape
         key = (self.bucket(rows), self.width_bucket(width))
@@ -115,7 +117,12 @@ class CudaGraphRunner:
         inp.start[:rows].copy_(write_positions[:, 0])
         inp.write[:rows, :width].copy_(write_positions)
         inp.write_slot[:rows, :width].copy_(slots[:, None].expand(rows, width))
-        self._set_tree(key, rows, width, attn_mask, write_positions)
+        if tree is not None:
+            self.causal.pop(key, None)
+            inp.tree.zero_()
+            inp.tree[:rows, :width, :width] = tree
+        else:
+            self._set_tree(key, rows, width, attn_mask, write_positions)
         if self.padded.get(key) != (rows, width):
             self._pad(inp, rows, width)
             self.padded[key] = (rows, width)

@@ -270,7 +270,7 @@ class ReDrafterProposer:
             root = torch.tensor([rows[i].seq.last_token for i in greedy], device=ctx.device)
             beams = self.drafter.beam_search(ctx, root, self.embedding, self.beams, k)
             for j, i in enumerate(greedy):
-                out[i] = Draft(beams[j].cpu())
+                out[i] = Draft(beams[j])  # stays on the device: the step lays drafts out there
         for i, row in enumerate(rows):
             if row.hidden is None or row.greedy:
                 continue

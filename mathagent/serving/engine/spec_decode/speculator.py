@@ -1,15 +1,18 @@
 """Speculative decoding inside continuous batching: propose -> verify -> accept, per slot.
 
 Every running sequence drafts with its own method (the engine's, or its request's), all drafts
-are verified in one target forward (each row's candidates as a prefix tree under its own tree
-attention mask, K/V written past the row's committed length), and each row keeps the longest
-accepted prefix. Rolling back is moving ``num_cached``; only a tree path that is not the first
-branch has its K/V moved to consecutive positions (at most ``draft_len`` entries).
+are verified in one target forward (each row's beams as a token tree under one shared tree
+mask, K/V written past the row's committed length), and each row keeps the longest accepted
+beam prefix. Layout, acceptance (greedy argmax matching, lossless sampling) and the K/V moves of
+a tree path run on the device; the host reads the outcome once per step. Rolling back is moving
+``num_cached``. :meth:`Speculator.run` lets the :class:`DraftPolicy` pick each step's draft
+length, plain decoding (0) whenever that is measurably faster.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -18,14 +21,11 @@ from torch import Tensor
 
 from mathagent.serving.engine.sampler import Sampler, SamplingBatch
 from mathagent.serving.engine.spec_config import SpecMethod, embedded_method
+from mathagent.serving.engine.spec_decode.policy import DraftPolicy
 from mathagent.serving.engine.spec_decode.proposal import Draft, Proposer, SpecRow
 from mathagent.serving.engine.spec_decode.stats import SpecStats
-from mathagent.serving.engine.spec_decode.verify import (
-    Tree,
-    build_tree,
-    sample_verify,
-    tree_greedy_verify,
-)
+from mathagent.serving.engine.spec_decode.tree_batch import TreeBatch, move_path
+from mathagent.serving.engine.spec_decode.verify import sample_verify
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.model_runner import ModelRunner
@@ -52,6 +52,7 @@ class Speculator:
         default: SpecMethod,
         draft_len: int,
         beams: int,
+        adaptive: bool = True,
     ) -> None:
         self.runner = runner
         self.proposers = proposers
@@ -59,6 +60,8 @@ class Speculator:
         self.draft_len = draft_len
         self.beams = beams
         self.stats = SpecStats()
+        self.policy = DraftPolicy(draft_len, adaptive)
+        self.last_depth = 0  # drafts per beam of the latest speculative step
         self._tracks: dict[str, _Track] = {}
 
     def proposer(self, method: SpecMethod) -> Proposer | None:
@@ -79,20 +82,52 @@ class Speculator:
         """Remember the hidden state a finished prefill produced its first token from."""
         self._tracks[seq.request_id] = _Track(hidden=hidden)
 
-    def step(self, seqs: list[Sequence]) -> list[list[int]]:
-        """Propose, verify and accept for every sequence; return each one's new tokens."""
+    def run(self, seqs: list[Sequence], plain: Callable[[list[Sequence]], list[int]]) -> list:
+        """One decode step of ``seqs`` with the draft length the policy picks (0: ``plain``)."""
+        k = self.policy.choose(len(seqs))
+        if k and any(s.num_cached + 1 + self.beams * k > self.runner.max_seq_len for s in seqs):
+            k = 0  # a row near the context end has no room for a verify step's nodes
+        start = time.perf_counter()
+        if k == 0:
+            out = [[t] for t in plain(seqs)]
+            for seq in seqs:  # a drafter's hidden state is now behind: the next step refreshes it
+                if seq.request_id in self._tracks:
+                    self._tracks[seq.request_id].hidden = None
+        else:
+            out = self.step(seqs, k)
+        if k == 0 or self.last_depth > 0:
+            self.policy.observed(len(seqs), k, time.perf_counter() - start)
+        return out
+
+    def step(self, seqs: list[Sequence], k: int | None = None) -> list[list[int]]:
+        """Propose, verify and accept for every sequence; return each one's new tokens.
+
+        On the device: the node layout, the verify forward, greedy and sampled acceptance and
+        the K/V moves; the host reads the committed tokens once, at the end.
+        """
+        k = self.draft_len if k is None else k
         self._tracks = {s.request_id: self._tracks.get(s.request_id) or _Track() for s in seqs}
         start = time.perf_counter()
         rows = [self._row(s) for s in seqs]
-        drafts = self._propose(rows)
-        trees = [build_tree(d.beams) for d in drafts]
+        drafts = self._propose(rows, k)
+        batch = TreeBatch.stack(drafts, self.runner.device)
+        self.last_depth = batch.depth
         drafted = time.perf_counter()
-        logits, hidden = self._verify_forward(seqs, trees)
-        out = []
-        for b, (row, draft, tree) in enumerate(zip(rows, drafts, trees, strict=True)):
-            out.append(self._accept(row, draft, tree, logits[b], hidden[b]))
-        # host times; a CUDA step's verify time includes waiting for its results
-        verified = time.perf_counter()
+        base = [s.num_cached for s in seqs]
+        slots = [s.slot for s in seqs if s.slot is not None]
+        logits, hidden = self.runner.verify(
+            batch.tokens(), batch.node_depths(), slots, base, batch.mask()
+        )
+        host, last = self._accept(rows, drafts, batch, logits, hidden, base, slots)
+        out = [
+            self._commit(r, d, h, last[i])
+            for i, (r, d, h) in enumerate(zip(rows, drafts, host, strict=True))
+        ]
+        self.policy.accepted(
+            sum(1 for r, d in zip(rows, drafts, strict=True) if d.depth or r.hidden is not None),
+            [h[0] for h in host],
+        )
+        verified = time.perf_counter()  # host times; on CUDA verify includes waiting for it
         self.stats.timed(drafted - start, verified - drafted)
         for seq in seqs:
             track = self._tracks[seq.request_id]
@@ -119,11 +154,11 @@ class Speculator:
 
         return SpecRow(seq, track.hidden, track.state, warp)
 
-    def _propose(self, rows: list[SpecRow]) -> list[Draft]:
+    def _propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
         """Group rows by method, draft, and give rows near the context end no drafts."""
         drafts: list[Draft | None] = [None] * len(rows)
         groups: dict[SpecMethod, list[int]] = {}
-        budget = 1 + self.beams * self.draft_len  # most tree nodes a row can bring
+        budget = 1 + self.beams * k  # most tree nodes a row can bring
         for i, row in enumerate(rows):
             if row.seq.num_cached + budget <= self.runner.max_seq_len:
                 groups.setdefault(self.method_of(row.seq), []).append(i)
@@ -131,74 +166,62 @@ class Speculator:
             proposer = self.proposer(method)
             if proposer is None:
                 continue
-            for i, d in zip(
-                idxs, proposer.propose([rows[i] for i in idxs], self.draft_len), strict=True
-            ):
+            for i, d in zip(idxs, proposer.propose([rows[i] for i in idxs], k), strict=True):
                 drafts[i] = d
         return [d or Draft.chain(r.seq.last_token, []) for d, r in zip(drafts, rows, strict=True)]
 
-    def _verify_forward(self, seqs: list[Sequence], trees: list[Tree]) -> tuple[Tensor, Tensor]:
-        """One target forward over every row's tree: logits [B, N, V], hidden [B, N, H]."""
-        dev = self.runner.device
-        n = max(t.tokens.numel() for t in trees)
-        base = [s.num_cached for s in seqs]
-        kv_len = max(base) + n
-        tokens = torch.zeros(len(seqs), n, dtype=torch.long)
-        rope = torch.tensor(base)[:, None].repeat(1, n)
-        write = rope + torch.arange(n)
-        mask = torch.zeros(len(seqs), n, kv_len, dtype=torch.bool)
-        for b, (c, tree) in enumerate(zip(base, trees, strict=True)):
-            m = tree.tokens.numel()
-            tokens[b, :m] = tree.tokens
-            rope[b, :m] += tree.depths
-            mask[b, :, :c] = True
-            mask[b, :m, c : c + m] = tree.mask
-            pad = torch.arange(m, n)
-            mask[b, pad, c + pad] = True  # padding rows see the prefix and themselves only
-        write = write.clamp(max=self.runner.max_seq_len - 1)  # pads past the end of a full row
-        slots = [s.slot for s in seqs if s.slot is not None]
-        return self.runner.forward(
-            tokens.to(dev),
-            rope.to(dev),
-            slots,
-            attn_mask=mask.to(dev),
-            write_positions=write.to(dev),
-        )
-
     def _accept(
-        self, row: SpecRow, draft: Draft, tree: Tree, logits: Tensor, hidden: Tensor
-    ) -> list[int]:
-        """Verify one row, move its accepted K/V into place and record the outcome."""
-        seq, m = row.seq, tree.tokens.numel()
-        if row.greedy:
-            path, tokens = tree_greedy_verify(tree, logits[:m])
-        else:
-            p = row.warp(logits[:m]).cpu()  # [1 + K, V]
-            q = None if draft.q is None else draft.q.cpu()[None]
-            verdict = sample_verify(tree.tokens[1:][None], p[None], q, seq.generator)
-            n_acc = int(verdict.accepted[0])
-            path, tokens = list(range(n_acc + 1)), verdict.tokens[0, : n_acc + 1].tolist()
+        self, rows: list[SpecRow], drafts: list[Draft], batch: TreeBatch, logits: Tensor,
+        hidden: Tensor, base: list[int], slots: list[int],
+    ) -> tuple[list[list[int]], Tensor]:  # fmt: skip
+        """Accept on the device, move accepted tree K/V into place, then read the outcome once:
+        per row [accepted, committed tokens..., -1...] on the host, and the hidden state [B, H]
+        of each row's last accepted node (the next draft starts from it)."""
+        accepted, path, tokens = batch.greedy_accept(logits)
+        for b, (row, draft) in enumerate(zip(rows, drafts, strict=True)):
+            if not row.greedy:
+                self._sample_row(b, row, draft, batch, logits[b], (accepted, path, tokens))
+        if batch.width > 1:
+            dev = self.runner.device
+            cache = (self.runner.cache.k, self.runner.cache.v)
+            move_path(cache, torch.tensor(slots, device=dev), torch.tensor(base, device=dev), path)
+        node = path.gather(1, accepted[:, None])  # [B, 1]
+        last = hidden.gather(1, node[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
+        return torch.cat([accepted[:, None], tokens], 1).tolist(), last  # the one host sync
+
+    def _sample_row(
+        self, b: int, row: SpecRow, draft: Draft, batch: TreeBatch, logits: Tensor, into: tuple
+    ) -> None:
+        """Lossless speculative sampling of row ``b``'s chain (beam 0), on the logits' device;
+        the outcome overwrites the row's entries of ``into`` = (accepted, path, tokens)."""
+        accepted, path, tokens = into
+        depth = draft.depth
+        assert row.warp is not None
+        p = row.warp(logits[: depth + 1])  # [1 + K, V]
+        q = None if draft.q is None else draft.q.to(p.device)[None]
+        verdict = sample_verify(
+            batch.beams[b, 0, 1 : depth + 1][None], p[None], q, row.seq.generator
+        )
+        accepted[b] = verdict.accepted[0]
+        steps = torch.arange(path.shape[1], device=path.device)
+        path[b] = torch.minimum(steps, verdict.accepted[0])
+        tokens[b] = -1
+        tokens[b, : depth + 1] = verdict.tokens[0]
+
+    def _commit(self, row: SpecRow, draft: Draft, host: list[int], hidden: Tensor) -> list[int]:
+        """Record a row's outcome (``host`` = accepted count, then committed tokens, then -1)."""
+        seq, n_acc = row.seq, host[0]
+        tokens = host[1 : n_acc + 2]
         base = seq.num_cached
-        self._compact(seq.slot, base, path)
-        seq.num_cached = base + len(path)
+        seq.num_cached = base + n_acc + 1
         track = self._tracks[seq.request_id]
-        track.hidden = hidden[path[-1]]
+        track.hidden = hidden
         proposer = self.proposer(self.method_of(seq)) if draft.depth else None
         if proposer is not None:
-            proposer.accepted(row, base, len(path) - 1)
+            proposer.accepted(row, base, n_acc)
         for stats in (self.stats, track.stats):
-            stats.record(draft.depth, len(path) - 1, len(tokens))
+            stats.record(draft.depth, n_acc, len(tokens))
         return tokens
-
-    def _compact(self, slot: int | None, base: int, path: list[int]) -> None:
-        """Move the K/V of an accepted tree path to consecutive positions after ``base``."""
-        if slot is None or path == list(range(len(path))):
-            return
-        src = torch.tensor(path, device=self.runner.device) + base
-        dst = torch.arange(len(path), device=self.runner.device) + base
-        for cache in (self.runner.cache.k, self.runner.cache.v):
-            layer_view = cache[:, slot]  # [L, Hkv, max_seq, D]
-            layer_view[:, :, dst] = layer_view[:, :, src]
 
 
 def _mirror(seq: Sequence, stats: SpecStats) -> None:

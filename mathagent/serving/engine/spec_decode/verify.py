@@ -49,9 +49,17 @@ def greedy_verify(drafts: Tensor, target_logits: Tensor) -> Verdict:
     return Verdict(accepted, _emit(drafts, accepted, last))
 
 
+def _uniform(shape: tuple[int, ...], generator: torch.Generator | None, device) -> Tensor:
+    """Uniforms from the request's (host) generator, used on ``device``: the draws stay the
+    request's own and the arithmetic stays where the probabilities are."""
+    return torch.rand(shape, generator=generator, dtype=torch.float64).to(device)
+
+
 def _draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
-    """One sample per row of ``probs`` [B, V]."""
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    """One sample per row of ``probs`` [B, V] by inverse CDF (no host sync on a GPU)."""
+    cdf = probs.double().cumsum(-1)
+    u = _uniform((probs.shape[0], 1), generator, probs.device) * cdf[:, -1:]
+    return (cdf <= u).sum(-1).clamp(max=probs.shape[-1] - 1)
 
 
 def sample_verify(
@@ -74,8 +82,8 @@ def sample_verify(
     idx = drafts.clamp(min=0)[..., None]  # [B, K, 1]
     p_d = target_probs[:, :k].gather(-1, idx).squeeze(-1)  # [B, K]
     q_d = torch.ones_like(p_d) if draft_probs is None else draft_probs.gather(-1, idx).squeeze(-1)
-    u = torch.rand((b, k), generator=generator, device=drafts.device, dtype=p_d.dtype)
-    ok = (u * q_d < p_d) & valid  # u < p/q without dividing by q
+    u = _uniform((b, k), generator, drafts.device)
+    ok = (u * q_d.double() < p_d.double()) & valid  # u < p/q without dividing by q
     accepted = ok.long().cumprod(1).sum(1)
     rows = torch.arange(b, device=drafts.device)
     p_next = target_probs[rows, accepted]  # [B, V]

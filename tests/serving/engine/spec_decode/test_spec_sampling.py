@@ -32,7 +32,9 @@ PARAMS = dict(temperature=0.9, top_k=4, top_p=0.95)
 
 @pytest.fixture(scope="module")
 def tiny_engine() -> LLMEngine:
-    settings = EngineSettings(device="cpu", dtype="float32", max_batch_size=48, max_seq_len=64)
+    settings = EngineSettings(
+        device="cpu", dtype="float32", max_batch_size=48, max_seq_len=64, adaptive_draft=False
+    )
     config = EngineConfig.from_settings(settings, "random:tiny")
     loaded = load_model("random:tiny", Path("/nonexistent"), config.device, config.dtype)
     with torch.no_grad():

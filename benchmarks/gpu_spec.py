@@ -1,0 +1,167 @@
+"""Speculation on the random-weight shapes, measured only through ``LLMEngine`` (the GPU bench's
+speculative section).
+
+A random model has no drafter worth the name, so a replay proposer registered in the engine
+(``draft:replay``) proposes the target's own greedy continuation with the draft at position
+``a - 1`` corrupted: every verify step then accepts exactly ``a - 1`` drafts and commits ``a``
+tokens (acceptance length ``a``; ``a = draft_len + 1`` is no corruption). The continuation is
+the engine's own output with always-rejected drafts (verify-shaped steps of the same batch),
+since in bf16 a random model's top logits nearly tie and a one-row and a five-row product
+round differently; how often that output differs from plain greedy is reported. With
+``inner`` a ReDrafter head of the target's shape drafts inside the loop each step (its drafts
+are discarded for the replayed ones), so drafting costs what it would. Each acceptance runs
+with the draft-length policy off (``fixed``: every step verifies ``draft_len`` drafts) and on
+(``auto``: the engine's default), against plain decoding at batch 1, 8 and 32.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from mathagent.serving.engine.llm_engine import LLMEngine
+from mathagent.serving.engine.sampling_params import SamplingParams
+from mathagent.serving.engine.spec_config import SpecMethod
+from mathagent.serving.engine.spec_decode.policy import DraftPolicy
+from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
+from mathagent.serving.engine.spec_decode.stats import SpecStats
+
+REPLAY = SpecMethod("draft", "replay")
+
+
+class ReplayProposer:
+    """Drafts a known continuation of each prompt, wrong at draft position ``accept - 1``."""
+
+    def __init__(self, refs: dict[tuple, list[int]], accept: int, vocab: int, inner=None) -> None:
+        self.refs, self.accept, self.vocab, self.inner = refs, accept, vocab, inner
+
+    def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
+        if self.inner is not None:  # the real drafter runs (and costs) first
+            self.inner.propose(rows, k)
+        out = []
+        for row in rows:
+            seq = row.seq
+            done = len(seq.all_ids) - len(seq.prompt_ids)
+            draft = list(self.refs[tuple(seq.prompt_ids)][done : done + k])
+            if self.accept - 1 < len(draft):
+                draft[self.accept - 1] = (draft[self.accept - 1] + 1) % self.vocab
+            out.append(Draft.chain(seq.last_token, draft))
+        return out
+
+    def accepted(self, row: SpecRow, old_cached: int, num_accepted: int) -> None:
+        pass
+
+
+def timed(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> dict:
+    """Run ``prompts`` concurrently; steady tokens/s counts steps while all of them decode."""
+    ids = [engine.add_request(p, params) for p in prompts]
+    outputs: dict[str, list[int]] = {i: [] for i in ids}
+    started: set[str] = set()
+    steady_tokens, steady_s, steps, tokens = 0, 0.0, 0, 0
+    start = time.perf_counter()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    while engine.has_unfinished():
+        all_in = len(started) == len(ids)
+        t0 = time.perf_counter()
+        outs = engine.step()
+        dt = time.perf_counter() - t0
+        n = sum(len(o.delta_token_ids) for o in outs)
+        tokens += n
+        if all_in and not any(o.finished for o in outs):
+            steady_tokens, steady_s, steps = steady_tokens + n, steady_s + dt, steps + 1
+        for o in outs:
+            outputs[o.request_id] += o.delta_token_ids
+        started.update(o.request_id for o in outs)
+    wall = tokens / max(time.perf_counter() - start, 1e-9)  # when no step had every row in
+    return {"tok_s": steady_tokens / steady_s if steps else wall, "steps": steps,
+            "outputs": [outputs[i] for i in ids]}  # fmt: skip
+
+
+def spec_run(engine, prompts, max_tokens, proposer, adaptive: bool, draft_len: int) -> dict:
+    engine.speculator.proposers.register(REPLAY, proposer)
+    engine.speculator.policy = DraftPolicy(draft_len, adaptive)
+    engine.speculator.stats = SpecStats()
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                            speculative=str(REPLAY))  # fmt: skip
+    res = timed(engine, prompts, params)
+    stats = engine.speculator.stats.as_dict()
+    res["acceptance_length"] = stats["acceptance_length"]
+    res["spec_forwards"] = stats["target_forwards"]
+    return res
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+
+
+def batch_section(engine, prompts, max_tokens, vocab, draft_len, inner=None) -> dict:
+    """Plain, then each acceptance length fixed and auto, for one batch of prompts."""
+    plain_params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    timed(engine, prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    plain = timed(engine, prompts, plain_params)
+    refs = {tuple(p): o for p, o in zip(prompts, plain["outputs"], strict=True)}
+    wide = spec_run(engine, prompts, max_tokens, ReplayProposer(refs, 1, vocab), False, draft_len)
+    diverged = [
+        first_difference(a, b) for a, b in zip(plain["outputs"], wide["outputs"], strict=True)
+    ]
+    res: dict = {"rows": len(prompts), "plain_tok_s": plain["tok_s"],
+                 "verify_width_output_differs_from_plain_rows": sum(d is not None for d in diverged),
+                 "first_difference_positions": diverged}  # fmt: skip
+    refs = {tuple(p): o for p, o in zip(prompts, wide["outputs"], strict=True)}
+    for accept in range(1, draft_len + 2):
+        row: dict = {}
+        for mode in ("fixed", "auto"):
+            if mode == "fixed" and accept == 1:
+                continue
+            proposer = ReplayProposer(refs, accept, vocab, inner)
+            run = spec_run(engine, prompts, max_tokens, proposer, mode == "auto", draft_len)
+            row[mode] = {"tok_s": run["tok_s"], "speedup": run["tok_s"] / plain["tok_s"],
+                         "acceptance_length": run["acceptance_length"],
+                         "spec_forwards": run["spec_forwards"], "steps": run["steps"],
+                         "identical_to_reference": run["outputs"] == wide["outputs"]}  # fmt: skip
+        if "fixed" in row:
+            row["fixed"]["goal_0.8x_acceptance"] = row["fixed"]["speedup"] >= 0.8 * accept
+        row["auto_never_slower"] = row["auto"]["speedup"] >= 0.97  # 3%: run-to-run noise
+        res[f"acceptance_{accept}"] = row
+    return res
+
+
+def random_prompts(n: int, vocab: int, length: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n, length), generator=gen).tolist()
+
+
+def run(engine: LLMEngine, vocab: int, draft_len: int, batches=(1, 8, 32), max_tokens=128) -> dict:
+    """The whole section for one shape: replay at every batch, then ReDrafter in the loop."""
+    graphs = engine.runner.graphs
+    t0 = time.perf_counter()
+    for b in batches if graphs is not None else ():  # capture what the policy may pick, first
+        for width in range(1, draft_len + 2):
+            graphs.capture(graphs.bucket(b), width)
+    out: dict = {"draft_len": draft_len, "max_tokens": max_tokens,
+                 "capture_s": time.perf_counter() - t0}  # fmt: skip
+    for b in batches:
+        prompts = random_prompts(b, vocab, 32, seed=b)
+        out[f"batch_{b}"] = batch_section(engine, prompts, max_tokens, vocab, draft_len)
+        print({f"batch_{b}": out[f"batch_{b}"]}, flush=True)
+    return out
+
+
+def redrafter_section(engine: LLMEngine, vocab: int, draft_len: int, max_tokens=128) -> dict:
+    """Batch 1 with a ReDrafter head of the target's shape drafting (one beam) every step."""
+    from mathagent.serving.engine.spec_decode.redrafter import (
+        Drafter,
+        DrafterConfig,
+        ReDrafterProposer,
+    )
+
+    args = engine.loaded.model.args
+    cfg = DrafterConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size,
+                        exit_dim=args.hidden_size, num_draft_layers=2)  # fmt: skip
+    emb = engine.loaded.model.tok_embeddings.weight
+    drafter = Drafter(cfg).to(emb.device, emb.dtype).eval()
+    inner = ReDrafterProposer(drafter, emb.detach(), 1)
+    prompts = random_prompts(1, vocab, 32, seed=101)
+    return batch_section(engine, prompts, max_tokens, vocab, draft_len, inner)
