@@ -1,16 +1,19 @@
 """Eval throughput over two embedded replicas against one, on the CPU.
 
-Starts ``mathagent serve --engine embedded --replicas 2`` (the default model; on CPU each
-replica gets an equal share of the threads, ``--threads-per-replica`` sets it: 1 here, so two
-replicas fit two cores), then runs the same ``mathagent eval`` (greedy, tools off, fixed
+Starts ``mathagent serve --engine embedded --replicas 2`` (the default model, from
+``MATHAGENT_CACHE_DIR``'s ``models/`` as the CLI finds it; ``--device cpu``, eager; on CPU each
+replica gets ``--threads-per-replica`` torch threads: 1 on the 2-core machine, 4 on a 16-core
+one so two replicas and the eval process fit), then runs the same ``mathagent eval`` (greedy, tools off, fixed
 problems, samples and token budget) against replica 0 alone with ``--concurrency C`` and
 against both with ``--concurrency 2C`` (the same load per replica), alternating, ``--rounds``
 times. Throughput is taken from results.jsonl: samples and generated tokens over the span from
 the first sample's start to the last one's end (process start-up excluded). Prints one JSON
 object: each run, the median speedup, the load average around the runs, and how many answers
-agree between the one- and two-replica runs. Goal: two replicas >= 1.8x one.
+agree between the one- and two-replica runs; ``--json-out`` also writes it after every
+round, so a run cut short keeps the rounds it finished. Goal: two replicas >= 1.8x one.
 
     flock /tmp/mathagent-bench.lock .venv/bin/python benchmarks/replica_bench.py
+    python benchmarks/replica_bench.py --threads-per-replica 4 --rounds 3 --json-out r.json
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def start_replicas(port: int, threads: int) -> tuple[subprocess.Popen, list[str]]:
     env = {**os.environ, "MATHAGENT_ENGINE__THREADS": str(2 * threads)}  # split in two
+    env["MATHAGENT_ENGINE__DEVICE"] = "cpu"  # also where a GPU is visible: this is the CPU bench
     cmd = [sys.executable, "-m", "mathagent", "serve", "--engine", "embedded"]
     cmd += ["--replicas", "2", "--port", str(port)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
@@ -70,6 +74,37 @@ def run_eval(urls: list[str], args: argparse.Namespace, out: Path) -> dict:
     }
 
 
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def build_report(args: argparse.Namespace, runs: list[dict]) -> dict:
+    """The JSON report over the rounds finished so far (each round: one run of 1, then of 2)."""
+    one = [r for r in runs if r["replicas"] == 1]
+    two = [r for r in runs if r["replicas"] == 2]
+    pairs = list(zip(one, two, strict=False))
+    ratios = [b["tokens_per_s"] / a["tokens_per_s"] for a, b in pairs]
+    sample_ratios = [b["samples_per_s"] / a["samples_per_s"] for a, b in pairs]
+    agree = sum(one[0]["answers"][k] == v for k, v in two[0]["answers"].items()) if pairs else 0
+    return {
+        "workload": {**vars(args), "model": "default (SmolLM2-135M-Instruct)", "tools": False},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "cpus_usable": len(os.sched_getaffinity(0)),
+            "cpu_model": cpu_model(),
+        },
+        "runs": [{k: v for k, v in r.items() if k != "answers"} for r in runs],
+        "speedup_tokens_per_s": [round(x, 3) for x in ratios],
+        "speedup_samples_per_s": [round(x, 3) for x in sample_ratios],
+        "median_speedup_tokens_per_s": round(statistics.median(ratios), 3) if ratios else None,
+        "answers_agreeing_one_vs_two": f"{agree}/{len(two[0]['answers']) if pairs else 0}",
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="sample")
@@ -80,6 +115,7 @@ def main() -> None:
     parser.add_argument("--threads-per-replica", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--port", type=int, default=18600)
+    parser.add_argument("--json-out", type=Path, help="also write the report here, every round")
     args = parser.parse_args()
     proc, urls = start_replicas(args.port, args.threads_per_replica)
     runs: list[dict] = []
@@ -89,33 +125,15 @@ def main() -> None:
             for i in range(args.rounds):
                 for chosen in (urls[:1], urls):
                     runs.append(run_eval(chosen, args, Path(tmp) / f"r{i}-{len(chosen)}"))
-                    print(
-                        json.dumps({k: v for k, v in runs[-1].items() if k != "answers"}),
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    shown = {k: v for k, v in runs[-1].items() if k != "answers"}
+                    print(json.dumps(shown), file=sys.stderr, flush=True)
+                if args.json_out:
+                    report = build_report(args, runs)
+                    args.json_out.write_text(json.dumps(report, indent=2, default=str))
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-    one = [r for r in runs if r["replicas"] == 1]
-    two = [r for r in runs if r["replicas"] == 2]
-    ratios = [b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(one, two, strict=True)]
-    sample_ratios = [b["samples_per_s"] / a["samples_per_s"] for a, b in zip(one, two, strict=True)]
-    agree = sum(one[0]["answers"][k] == v for k, v in two[0]["answers"].items())
-    compared = len(two[0]["answers"])
-    for run in runs:
-        del run["answers"]
-    report = {
-        "workload": {**vars(args), "model": "default (SmolLM2-135M-Instruct)", "tools": False},
-        "cpu_count": os.cpu_count(),
-        "runs": runs,
-        "speedup_tokens_per_s": [round(x, 3) for x in ratios],
-        "speedup_samples_per_s": [round(x, 3) for x in sample_ratios],
-        "median_speedup_tokens_per_s": round(statistics.median(ratios), 3),
-        "answers_agreeing_one_vs_two": f"{agree}/{compared}",
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    print(json.dumps(report, indent=2))
+    print(json.dumps(build_report(args, runs), indent=2, default=str))
 
 
 if __name__ == "__main__":
