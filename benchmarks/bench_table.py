@@ -44,9 +44,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--bench-set",
         action="append",
-        required=True,
+        default=[],
         help="dataset of the timed bench, one per concurrency in order (distinct "
-        "problems, so no level reuses another's cached prompts)",
+        "problems, so no level reuses another's cached prompts); none: the guard alone",
     )
     p.add_argument("--warm-set", default="sample", help="dataset of the untimed warm-up")
     p.add_argument("--concurrency", default="1,16")
@@ -120,7 +120,7 @@ def main() -> None:
         result["servers"] = {r.name: {"start_s": r.start_s, "error": r.error} for r in rows}
         save("servers")
         result["bench"] = {"tables": {}, "warm_s": {}}
-        if fleet.up:
+        if fleet.up and args.bench_set:
             bench_all(fleet.up, args, levels, result["bench"], save)
         ref, cand = (args.guard_rows or ",".join(names[:2])).split(",")
         up = {r.name: r for r in fleet.up}
