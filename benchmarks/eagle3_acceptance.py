@@ -6,6 +6,7 @@ per-position acceptance and whether the output equals plain greedy, for a tree o
 tokens and a chain of 5 tokens. Prints JSON.
 
     python benchmarks/eagle3_acceptance.py [--limit 5] [--max-tokens 64] [--eagle3 DIR]
+                                           [--configs 4x3,1x5]  (beams x draft tokens)
 """
 
 from __future__ import annotations
@@ -32,10 +33,14 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--eagle3", type=Path, default=EAGLE3)
+    parser.add_argument(
+        "--configs", default="4x3,1x5", help="beams x draft tokens, comma-separated"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     model_dir, out = Settings().model_dir, {}
-    for beams, length in ((4, 3), (1, 5)):
+    configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
+    for beams, length in configs:
         settings = EngineSettings(device="cpu", max_batch_size=1, max_seq_len=1024,
                                   draft_beams=beams, draft_len=length, threads=1)  # fmt: skip
         engine = LLMEngine(EngineConfig.from_settings(settings, resolve_model(None, model_dir)),
