@@ -3,9 +3,10 @@
 For the first ``--limit`` GSM8K test problems in the agent's prompt (as ``spec_bench.py``
 renders them), greedy, one request at a time, float32 CPU: acceptance length, accepted/drafted,
 per-position acceptance and whether the output equals plain greedy, for a tree of 4 beams of 3
-tokens and a chain of 5 tokens. Prints JSON.
+tokens and a chain of 5 tokens by default, every step drafting. Prints JSON.
 
     python benchmarks/eagle3_acceptance.py [--limit 5] [--max-tokens 64] [--eagle3 DIR]
+                                           [--configs 4x3,1x5]  (beams x draft tokens)
 """
 
 from __future__ import annotations
@@ -32,12 +33,18 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--eagle3", type=Path, default=EAGLE3)
+    parser.add_argument(
+        "--configs", default="4x3,1x5", help="beams x draft tokens, comma-separated"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     model_dir, out = Settings().model_dir, {}
-    for beams, length in ((4, 3), (1, 5)):
+    configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
+    for beams, length in configs:
+        # every step drafts: the draft-length policy would choose plain for a wide tree
         settings = EngineSettings(device="cpu", max_batch_size=1, max_seq_len=1024,
-                                  draft_beams=beams, draft_len=length, threads=1)  # fmt: skip
+                                  draft_beams=beams, draft_len=length, threads=1,
+                                  adaptive_draft=False)  # fmt: skip
         engine = LLMEngine(EngineConfig.from_settings(settings, resolve_model(None, model_dir)),
                            model_dir)  # fmt: skip
         prompts = agent_prompts(engine, args.limit)

@@ -4,12 +4,17 @@ Same workload as ``benchmarks/spec_bench.py`` (the agent's prompts for the first
 problems, tools on, greedy, one request at a time, methods interleaved per problem), but on
 the engine's CUDA path (CUDA graphs; ``eager`` off) and with the problems read from a JSONL
 path, since ``../shared`` does not travel to the GPU machine. Reports per method (none,
-ngram, redrafter:DIR) decode tokens/s, speedup over plain decoding of the same run, acceptance
+ngram, redrafter:DIR, eagle3:DIR) decode tokens/s, speedup over plain decoding of the same run, acceptance
 length (tokens per target forward), accepted/drafted, and whether the outputs equal plain
 greedy token for token. Used by ``gpu_bench.py --default-model``; runs alone too:
 
     python benchmarks/gpu_default_model.py --default-model MODEL.gguf|DIR --drafter DIR \
-        --prompts gsm8k_test.jsonl [--default-device cuda] [--default-limit 20]
+        --prompts gsm8k_test.jsonl [--default-device cuda] [--default-limit 20] [--eagle3 DIR]
+
+EAGLE-3 runs in an engine of its own: a loaded head asks every target forward for its fused
+hidden states, which the CUDA graphs do not return, so that engine runs every forward eagerly
+(plain requests too); its speedup is against the graph engine's plain decoding, and that
+engine's own eager plain rate is reported beside it (``none_eager``).
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--default-limit", type=int, default=20, help="first N problems")
     group.add_argument("--default-max-tokens", type=int, default=128)
     group.add_argument("--default-draft-len", type=int, default=3)
+    group.add_argument("--default-beams", type=int, help="draft beams (default: the engine's)")
+    group.add_argument("--eagle3", type=Path, help="EAGLE-3 head folder (timed in its own engine)")
+    group.add_argument("--default-methods", default="ngram,redrafter",
+                       help="speculative methods of the graph engine, comma-separated")  # fmt: skip
     group.add_argument("--default-device", default="cuda", help="cuda (graphs) or cpu (eager)")
     group.add_argument("--default-dtype", default="float32", choices=["float32", "bfloat16"])
     group.add_argument("--model-dir", type=Path, help="where a GGUF is converted (default: temp)")
@@ -64,68 +73,96 @@ def agent_prompts(engine: LLMEngine, path: Path, limit: int) -> list[str]:
     ]
 
 
-def make_engine(args: argparse.Namespace, model_dir: Path) -> LLMEngine:
+def make_engine(args: argparse.Namespace, model_dir: Path, graphs: bool = True) -> LLMEngine:
+    beams = getattr(args, "default_beams", None)
     settings = EngineSettings(
         device=args.default_device, dtype=args.default_dtype, max_batch_size=1, max_seq_len=2048,
-        draft_len=args.default_draft_len, eager=not args.default_device.startswith("cuda"),
+        draft_len=args.default_draft_len,
+        eager=not (graphs and args.default_device.startswith("cuda")),
+        **({"draft_beams": beams} if beams else {}),
     )  # fmt: skip
     return LLMEngine(EngineConfig.from_settings(settings, model=args.default_model), model_dir)
 
 
 def run(args: argparse.Namespace) -> dict:
-    """Time none / ngram / redrafter on the default model; the section's JSON."""
+    """Time none / ngram / redrafter (and eagle3) on the default model; the section's JSON."""
     if not (args.drafter and args.prompts):
         raise SystemExit("--default-model needs --drafter DIR and --prompts JSONL")
+    named = {"ngram": "ngram", "redrafter": f"redrafter:{args.drafter}"}
+    spec = [named[m] for m in getattr(args, "default_methods", "ngram,redrafter").split(",") if m]
     with tempfile.TemporaryDirectory() as tmp:
-        engine = make_engine(args, args.model_dir or Path(tmp))
+        model_dir = args.model_dir or Path(tmp)
+        engine = make_engine(args, model_dir)
         prompts = agent_prompts(engine, args.prompts, args.default_limit)
-        spec = ["ngram", f"redrafter:{args.drafter}"]
-        modes = ["auto", "fixed"] if args.default_policy == "both" else [args.default_policy]
-        methods = ["none"] + [f"{m}@{mode}" for m in spec for mode in modes]
-        policies = {m: DraftPolicy(args.default_draft_len, m.endswith("@auto")) for m in methods}
-        totals = {m: {"tokens": 0, "seconds": 0.0, "wall": 0.0} for m in methods}
-        stats = {m: SpecStats() for m in methods}
-        outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
-        for method in methods:  # warm-up: captures each method's graphs outside the timing
-            engine.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0.0,
-                                                        speculative=method.split("@")[0]))  # fmt: skip
-        for prompt in prompts:
-            for method in methods:
-                params = SamplingParams(max_tokens=args.default_max_tokens, temperature=0.0,
-                                        speculative=method.split("@")[0])  # fmt: skip
-                engine.speculator.policy = policies[method]  # each method learns its own
-                start = time.perf_counter()
-                (res,) = engine.generate([prompt], params)
-                totals[method]["wall"] += time.perf_counter() - start
-                m = res.metrics
-                if m.decode_s and len(res.token_ids) > 1:  # the prefill makes the first token
-                    totals[method]["tokens"] += len(res.token_ids) - 1
-                    totals[method]["seconds"] += m.decode_s
-                outputs[method].append(res.token_ids)
-                if m.speculative is not None:
-                    stats[method].merge(m.speculative)
-        return report(engine, args, prompts, methods, totals, stats, outputs)
+        timed = time_methods(engine, args, prompts, spec)
+        out = report(engine, args, prompts, timed)
+        if getattr(args, "eagle3", None):
+            del engine  # one model on the device at a time
+            eagle = make_engine(args, model_dir, graphs=False)  # a head turns the graphs off
+            extra = time_methods(eagle, args, prompts, [f"eagle3:{args.eagle3}"])
+            extra["outputs"]["reference"] = timed["outputs"]["none"]  # the graph engine's plain
+            plain = out["methods"]["none"]["decode_tokens_per_s"]
+            for name, entry in report(eagle, args, prompts, extra)["methods"].items():
+                entry["speedup"] = round(entry["decode_tokens_per_s"] / plain, 3)
+                out["methods"]["none_eager" if name == "none" else name] = entry
+        return out
 
 
-def report(engine, args, prompts, methods, totals, stats, outputs) -> dict:
+def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str],
+                 spec: list[str]) -> dict:  # fmt: skip
+    """Decode totals, speculation stats and greedy outputs of none + ``spec``, interleaved
+    per problem, each speculative method with its own policy."""
+    modes = ["auto", "fixed"] if args.default_policy == "both" else [args.default_policy]
+    methods = ["none"] + [f"{m}@{mode}" for m in spec for mode in modes]
+    policies = {m: DraftPolicy(args.default_draft_len, m.endswith("@auto")) for m in methods}
+    totals = {m: {"tokens": 0, "seconds": 0.0, "wall": 0.0} for m in methods}
+    stats = {m: SpecStats() for m in methods}
+    outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
+    for method in methods:  # warm-up: captures each method's graphs outside the timing
+        engine.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0.0,
+                                                    speculative=method.split("@")[0]))  # fmt: skip
+    for prompt in prompts:
+        for method in methods:
+            params = SamplingParams(max_tokens=args.default_max_tokens, temperature=0.0,
+                                    speculative=method.split("@")[0])  # fmt: skip
+            engine.speculator.policy = policies[method]  # each method learns its own
+            start = time.perf_counter()
+            (res,) = engine.generate([prompt], params)
+            totals[method]["wall"] += time.perf_counter() - start
+            m = res.metrics
+            if m.decode_s and len(res.token_ids) > 1:  # the prefill makes the first token
+                totals[method]["tokens"] += len(res.token_ids) - 1
+                totals[method]["seconds"] += m.decode_s
+            outputs[method].append(res.token_ids)
+            if m.speculative is not None:
+                stats[method].merge(m.speculative)
+    return {"methods": methods, "totals": totals, "stats": stats, "outputs": outputs}
+
+
+def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], timed: dict) -> dict:
+    """The section's JSON of one engine's timings; outputs are compared with ``reference``
+    (another engine's plain greedy) when given, else with this engine's plain greedy."""
+    totals, outputs = timed["totals"], timed["outputs"]
+    reference = outputs.get("reference", outputs["none"])
     base = totals["none"]["tokens"] / max(totals["none"]["seconds"], 1e-9)
     out = {"model": engine.model_name, "device": str(engine.config.device),
            "dtype": str(engine.config.dtype).removeprefix("torch."),
            "cuda_graphs": engine.runner.graphs is not None, "problems": len(prompts),
            "max_tokens": args.default_max_tokens, "draft_len": args.default_draft_len,
            "beams": engine.config.draft_beams, "methods": {}}  # fmt: skip
-    for method in methods:
+    for method in timed["methods"]:
         t = totals[method]
         tps = t["tokens"] / max(t["seconds"], 1e-9)
         entry = {"decode_tokens_per_s": round(tps, 2), "speedup": round(tps / base, 3),
                  "tokens": t["tokens"], "end_to_end_s": round(t["wall"], 3),
-                 "identical_to_plain_greedy": outputs[method] == outputs["none"]}  # fmt: skip
+                 "identical_to_plain_greedy": outputs[method] == reference}  # fmt: skip
         if method == "none":
             entry["acceptance_length"] = 1.0
         else:
-            d = stats[method].as_dict()
-            keys = ("acceptance_length", "drafted_tokens", "accepted_tokens", "acceptance_rate")
-            entry.update({k: d[k] for k in keys})
+            d = timed["stats"][method].as_dict()
+            keys = ("acceptance_length", "drafted_tokens", "accepted_tokens", "acceptance_rate",
+                    "per_position_acceptance", "draft_ms_per_step", "verify_ms_per_step")  # fmt: skip
+            entry.update({k: d[k] for k in keys if k in d})
         kind, at, mode = method.partition("@")
         out["methods"][kind.split(":")[0] + at + mode] = entry
     return out
