@@ -68,8 +68,8 @@ class ModelRunner:
         ):
             packed_linear.pack_linears(model)
         compiled = not config.eager and not use_graphs
-        # called after every forward with (slots, write positions [B, T], model.captured);
-        # while any is registered, forwards run eagerly (a graph replay would skip them)
+        # called after every forward with (slots, write positions [B, T], captured streams):
+        # the eager model's ``captured`` or the CUDA graph's kept copy of them
         self.feature_sinks: list[Callable[[list[int], torch.Tensor, torch.Tensor], None]] = []
         self._model = torch.compile(model, dynamic=True) if compiled else model
 
@@ -96,7 +96,6 @@ class ModelRunner:
         if (
             self.graphs is not None
             and not hidden_only
-            and not self.feature_sinks
             and self.graphs.accepts(*tokens.shape)
             and (
                 (attn_mask is None and write_positions is None)
@@ -105,6 +104,7 @@ class ModelRunner:
         ):
             slot_ids = torch.tensor(slots, device=self.device)
             logits, hidden = self.graphs.run(tokens, positions, slot_ids, write, attn_mask)
+            self._feed(slots, write, self.graphs.captured)
             if logits_last_only:
                 logits, hidden = logits[:, -1:], hidden[:, -1:]
             return logits, hidden
@@ -119,9 +119,7 @@ class ModelRunner:
             sin=self.sin[positions][:, :, None],
         )
         hidden = self._model(tokens, ctx)  # [B, T, H]
-        if self.feature_sinks and self.model.captured is not None:
-            for sink in self.feature_sinks:
-                sink(slots, write, self.model.captured)
+        self._feed(slots, write, self.model.captured)
         if hidden_only:  # drafter training needs every hidden state and no logits
             return hidden.new_empty(0), hidden
         if logits_last_only:
@@ -151,7 +149,9 @@ class ModelRunner:
             if self.lookahead is not None:
                 self.lookahead.drop()
             slot_ids = torch.tensor(slots, device=self.device)
-            return self.graphs.run(tokens, positions, slot_ids, write, tree=tree)
+            out = self.graphs.run(tokens, positions, slot_ids, write, tree=tree)
+            self._feed(slots, write, self.graphs.captured)
+            return out
         kv_len = max(base) + n
         seen = self.kv_positions[:kv_len] < start[:, None, None]  # [B, 1, kv_len]
         mask = seen.expand(rows, n, kv_len).clone()
@@ -198,7 +198,7 @@ class ModelRunner:
     def decode(self, seqs: list[Sequence]) -> list[int]:
         """One token for each running sequence, in a single batched forward."""
         slots = [s.slot for s in seqs if s.slot is not None]
-        if self.graphs is not None and not self.feature_sinks and self.graphs.accepts(len(seqs), 1):
+        if self.graphs is not None and self.graphs.accepts(len(seqs), 1):
             out = self._decode_graphs(seqs, slots)
             for s in seqs:
                 s.num_cached += 1
@@ -215,11 +215,21 @@ class ModelRunner:
         assert self.graphs is not None and self.lookahead is not None
         positions = [s.num_cached for s in seqs]
         tokens = [s.last_token for s in seqs]
-        if all(s.params.greedy for s in seqs):
+        if all(s.params.greedy for s in seqs) and not self.feature_sinks:
             return self.lookahead.decode(tokens, positions, slots)
-        self.lookahead.drop()
+        self.lookahead.drop()  # a sink reads this step's kept streams: no step may overwrite them
         logits, _ = self.graphs.run_decode(tokens, positions, slots)
+        if self.feature_sinks:
+            write = torch.tensor(positions, device=self.device)[:, None]
+            self._feed(slots, write, self.graphs.captured)
         return self.sample(logits[:, -1], seqs)
+
+    def _feed(self, slots: list[int], write: torch.Tensor, captured: torch.Tensor | None) -> None:
+        """Hand a forward's kept streams to the feature sinks (EAGLE-3), if any."""
+        if captured is None:
+            return
+        for sink in self.feature_sinks:
+            sink(slots, write, captured)
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """Sample one token per row of ``logits [B, V]`` with each sequence's parameters."""

@@ -223,11 +223,18 @@ class CudaForward:
         hidden = rms_norm(h if delta is None else h + delta, norm.weight, norm.eps)
         return linear(hidden, self.model.output.weight, self.shape.fast).float(), hidden
 
-    def __call__(self, inp: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, inp: StepInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(logits, hidden, captured)``: ``captured [B, T, len * H]`` holds the residual
+        streams entering the model's ``capture`` layers (EAGLE-3's features), else None."""
         h = F.embedding(inp.tokens, self.model.tok_embeddings.weight)  # [B, T, H]
-        delta = None
+        delta, capture, kept = None, self.model.capture, []
         for i, weights in enumerate(self.weights):
+            if i in capture:
+                kept.append(h if delta is None else h + delta)
             h, delta = self.layer(
                 self.shape, weights, h, delta, self.k[i], self.v[i], self.cos, self.sin, inp
             )
-        return self.head(h, delta)
+        if len(self.weights) in capture:
+            kept.append(h if delta is None else h + delta)
+        logits, hidden = self.head(h, delta)
+        return logits, hidden, torch.cat(kept, dim=-1) if kept else None

@@ -46,6 +46,9 @@ class CudaGraphRunner:
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, StepInputs, tuple]] = {}
         self.causal: dict[tuple[int, int], int] = {}  # shape -> width its tree holds causal
         self.padded: dict[tuple[int, int], tuple[int, int]] = {}  # shape -> rows, width padded
+        self.model = model
+        self._capture = tuple(model.capture)  # the layers every captured graph keeps
+        self.captured: torch.Tensor | None = None  # the latest step's kept streams [B, T, n*H]
 
     def accepts(self, batch: int, width: int) -> bool:
         """Whether a step of this shape runs here (else the caller runs it eagerly)."""
@@ -88,6 +91,18 @@ class CudaGraphRunner:
             out = self.forward(inp)
         self.graphs[(batch, width)] = (graph, inp, out)
 
+    def _graph(self, key: tuple[int, int]) -> tuple:
+        """The graph of ``key``, captured now if new; all graphs are captured again when the
+        model's kept layers changed (an EAGLE-3 head loaded after the first captures)."""
+        if tuple(self.model.capture) != self._capture:
+            self.graphs.clear()
+            self.padded.clear()
+            self.causal.clear()
+            self._capture = tuple(self.model.capture)
+        if key not in self.graphs:
+            self.capture(*key)
+        return self.graphs[key]
+
     @torch.inference_mode()
     def run(
         self,
@@ -108,9 +123,7 @@ class CudaGraphRunner:
         """
         rows, width = tokens.shape
         key = (self.bucket(rows), self.width_bucket(width))
-        if key not in self.graphs:
-            self.capture(*key)
-        graph, inp, (logits, hidden) = self.graphs[key]
+        graph, inp, (logits, hidden, captured) = self._graph(key)
         inp.tokens[:rows, :width].copy_(tokens)
         inp.positions[:rows, :width].copy_(positions)
         inp.slots[:rows].copy_(slots)
@@ -127,8 +140,9 @@ class CudaGraphRunner:
             self._pad(inp, rows, width)
             self.padded[key] = (rows, width)
         graph.replay()
+        self.captured = None if captured is None else captured[:rows, :width]
         # Hidden states may be kept across steps (ReDrafter drafts from them): copy them out of
-        # the graph's memory; logits are read before the next step.
+        # the graph's memory; logits (and ``captured``) are read before the next step.
         return logits[:rows, :width], hidden[:rows, :width].clone()
 
     @torch.inference_mode()
@@ -145,9 +159,7 @@ class CudaGraphRunner:
         """Enqueue a one-token-per-row step; ``tokens`` from the host or a device tensor [B]."""
         rows = len(positions)
         key = (self.bucket(rows), 1)
-        if key not in self.graphs:
-            self.capture(*key)
-        graph, inp, (logits, hidden) = self.graphs[key]
+        graph, inp, (logits, hidden, captured) = self._graph(key)
         batch, pad = key[0], key[0] - rows
         twin = self._host_twin(inp)
         host = inp.host[twin].numpy()
@@ -166,6 +178,7 @@ class CudaGraphRunner:
         self._set_tree(key, rows, 1, None, None)
         self.padded.pop(key, None)
         graph.replay()
+        self.captured = None if captured is None else captured[:rows]
         return logits[:rows], hidden[:rows]
 
     @staticmethod
