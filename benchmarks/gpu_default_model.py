@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> dict:
         out = report(engine, args, prompts, timed)
         if getattr(args, "eagle3", None):
             del engine  # one model on the device at a time
-            eagle = make_engine(args, model_dir, graphs=False)  # a head turns the graphs off
+            eagle = make_engine(args, model_dir)  # its own engine (graphs keep its streams)
             extra = time_methods(eagle, args, prompts, [f"eagle3:{args.eagle3}"])
             extra["outputs"]["reference"] = timed["outputs"]["none"]  # the graph engine's plain
             plain = out["methods"]["none"]["decode_tokens_per_s"]

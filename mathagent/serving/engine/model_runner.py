@@ -144,8 +144,7 @@ class ModelRunner:
         positions = start[:, None] + depths[None]
         if tree is None:  # a chain: causal by position, the plain verify layout
             return self.forward(tokens, positions, slots)
-        # a graph returns no captured hidden states: with a feature sink (EAGLE-3) run eagerly
-        if self.graphs is not None and not self.feature_sinks and self.graphs.accepts(rows, n):
+        if self.graphs is not None and self.graphs.accepts(rows, n):
             if self.lookahead is not None:
                 self.lookahead.drop()
             slot_ids = torch.tensor(slots, device=self.device)
