@@ -23,6 +23,7 @@ from mathagent.agent.plan import plan_for, planned_samples
 from mathagent.agent.prompts import ChatTemplate
 from mathagent.agent.solver import Solver
 from mathagent.config import DEFAULT_MODEL_NAME, EngineSettings, Settings
+from mathagent.model_store import SHIPPED_DRAFTER
 from mathagent.sandbox import Sandbox, open_sandbox
 
 if TYPE_CHECKING:
@@ -52,16 +53,33 @@ def v1_root(base_url: str) -> str:
     return root if root.endswith("/v1") else f"{root}/v1"
 
 
-def engine_settings_for(engine: EngineSettings, concurrent_rows: int) -> EngineSettings:
-    """The engine settings for a job running ``concurrent_rows`` sequences at once.
+def engine_settings_for(
+    engine: EngineSettings, concurrent_rows: int, model: str | None = None
+) -> EngineSettings:
+    """The engine settings for a job running ``concurrent_rows`` sequences at once on ``model``
+    (``None``: the default model). What the user set stays; the rest is chosen for the job.
 
-    Unless the user set ``pack_weights``, packing (3x the float32 weight memory, ~2 s of load)
-    is on only where the job runs multi-row steps: several sequences, or speculation.
+    The default model speculates with its shipped drafter where that is measured faster
+    (:func:`default_speculative`). Packing (3x the float32 weight memory, ~2 s of load) is on
+    only where the job runs multi-row steps: several sequences, or speculation.
     """
+    if "speculative" not in engine.model_fields_set and model is None:
+        engine = engine.model_copy(update={"speculative": default_speculative(engine)})
     if "pack_weights" in engine.model_fields_set:
         return engine
     pack = concurrent_rows >= PACKED_ROWS or engine.speculative != "none"
     return engine.model_copy(update={"pack_weights": pack})
+
+
+def default_speculative(engine: EngineSettings) -> str:
+    """The default model's speculative method when the user chose none: its shipped ReDrafter
+    on a CPU, where it beats plain decoding (README "Speculative decoding": measured through
+    the engine on agent prompts); off on CUDA, where the H200 ran it at 0.20x plain (GPU_NOTES
+    run 15)."""
+    import torch
+
+    on_cpu = engine.device == "cpu" or (engine.device == "auto" and not torch.cuda.is_available())
+    return f"redrafter:{SHIPPED_DRAFTER}" if on_cpu else "none"
 
 
 @asynccontextmanager
@@ -136,7 +154,9 @@ async def _first_card(urls: list[str], settings: Settings) -> ModelCard:
 def _start_embedded(settings: Settings, rows: int) -> Any:
     from mathagent.serving.embedded import EmbeddedServer
 
-    build = engine_builder(settings, engine=engine_settings_for(settings.engine, rows))
+    build = engine_builder(
+        settings, engine=engine_settings_for(settings.engine, rows, settings.model)
+    )
     return EmbeddedServer(build).__enter__()
 
 
