@@ -59,27 +59,34 @@ def engine_settings_for(
     """The engine settings for a job running ``concurrent_rows`` sequences at once on ``model``
     (``None``: the default model). What the user set stays; the rest is chosen for the job.
 
-    The default model speculates with its shipped drafter where that is measured faster
-    (:func:`default_speculative`). Packing (3x the float32 weight memory, ~2 s of load) is on
-    only where the job runs multi-row steps: several sequences, or speculation.
+    The default model gets its own defaults (:func:`default_model_engine`). Packing (3x the
+    float32 weight memory, ~2 s of load) is on only where the job runs multi-row steps:
+    several sequences, or speculation.
     """
-    if "speculative" not in engine.model_fields_set and model is None:
-        engine = engine.model_copy(update={"speculative": default_speculative(engine)})
+    if model is None:
+        engine = default_model_engine(engine)
     if "pack_weights" in engine.model_fields_set:
         return engine
     pack = concurrent_rows >= PACKED_ROWS or engine.speculative != "none"
     return engine.model_copy(update={"pack_weights": pack})
 
 
-def default_speculative(engine: EngineSettings) -> str:
-    """The default model's speculative method when the user chose none: its shipped ReDrafter
-    on a CPU, where it beats plain decoding (README "Speculative decoding": measured through
-    the engine on agent prompts); off on CUDA, where the H200 ran it at 0.20x plain (GPU_NOTES
-    run 15)."""
+def default_model_engine(engine: EngineSettings) -> EngineSettings:
+    """The default model's settings where the user chose none (README "Speculation by
+    default" has the measurements): on a CPU it runs as what it is, its GGUF's own Q4_1 codes
+    (int4, unless a quantization or dtype was chosen), with its shipped ReDrafter on top
+    (unless a speculative method was chosen, ``none`` included). On CUDA it stays plain bf16:
+    the H200 ran the shipped ReDrafter at 0.20x plain (GPU_NOTES run 15)."""
     import torch
 
     on_cpu = engine.device == "cpu" or (engine.device == "auto" and not torch.cuda.is_available())
-    return f"redrafter:{SHIPPED_DRAFTER}" if on_cpu else "none"
+    chosen = engine.model_fields_set
+    update: dict[str, str] = {}
+    if on_cpu and not chosen & {"quantization", "dtype"}:
+        update["quantization"] = "int4"
+    if on_cpu and "speculative" not in chosen:
+        update["speculative"] = f"redrafter:{SHIPPED_DRAFTER}"
+    return engine.model_copy(update=update) if update else engine
 
 
 @asynccontextmanager

@@ -1,5 +1,5 @@
-"""The job's engine settings: the default model's shipped drafter by default on a CPU, and the
-user's own choice (flag or environment) always winning."""
+"""The job's engine settings: the default model on a CPU runs int4 with its shipped drafter by
+default, and the user's own choice (flag or environment) always wins."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_the_shipped_drafter_is_in_the_package():
 def test_default_model_on_a_cpu_speculates_with_its_shipped_drafter(clean_env):
     engine = engine_settings_for(Settings().engine, 1)
     cpu = engine_settings_for(EngineSettings(device="cpu"), 1)
-    assert cpu.speculative == SHIPPED
+    assert (cpu.speculative, cpu.quantization) == (SHIPPED, "int4")
     assert cpu.pack_weights  # speculation runs multi-row verify steps: packed weights pay
     import torch
 
@@ -36,12 +36,20 @@ def test_default_model_on_a_cpu_speculates_with_its_shipped_drafter(clean_env):
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
 def test_default_model_on_cuda_keeps_plain_decoding(device):
     # the H200 ran the shipped ReDrafter at 0.20x plain (GPU_NOTES run 15)
-    assert engine_settings_for(EngineSettings(device=device), 1).speculative == "none"
+    engine = engine_settings_for(EngineSettings(device=device), 1)
+    assert (engine.speculative, engine.quantization) == ("none", "none")
 
 
 def test_other_models_keep_plain_decoding():
     engine = engine_settings_for(EngineSettings(device="cpu"), 1, model="/models/my-llama")
-    assert engine.speculative == "none" and not engine.pack_weights
+    assert engine.speculative == "none" and engine.quantization == "none"
+    assert not engine.pack_weights
+
+
+def test_a_chosen_dtype_or_quantization_keeps_the_drafter_but_not_int4():
+    for chosen in ({"dtype": "float32"}, {"quantization": "none"}):
+        engine = engine_settings_for(EngineSettings(device="cpu", **chosen), 1)
+        assert (engine.quantization, engine.speculative) == ("none", SHIPPED)
 
 
 def test_the_users_choice_wins(clean_env):
