@@ -128,7 +128,7 @@ def _serve_replicas(
     from mathagent.serving.replicas import ReplicaError, plan_replicas, run_replicas
 
     extra = ["--model", model] if model else []
-    if settings.engine.speculative != "none":
+    if "speculative" in settings.engine.model_fields_set:  # a chosen none too: it beats the default
         extra += ["--speculative", settings.engine.speculative]
     engine = settings.engine
     try:
