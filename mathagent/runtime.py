@@ -23,6 +23,7 @@ from mathagent.agent.plan import plan_for, planned_samples
 from mathagent.agent.prompts import ChatTemplate
 from mathagent.agent.solver import Solver
 from mathagent.config import DEFAULT_MODEL_NAME, EngineSettings, Settings
+from mathagent.model_store import SHIPPED_DRAFTER
 from mathagent.sandbox import Sandbox, open_sandbox
 
 if TYPE_CHECKING:
@@ -52,16 +53,40 @@ def v1_root(base_url: str) -> str:
     return root if root.endswith("/v1") else f"{root}/v1"
 
 
-def engine_settings_for(engine: EngineSettings, concurrent_rows: int) -> EngineSettings:
-    """The engine settings for a job running ``concurrent_rows`` sequences at once.
+def engine_settings_for(
+    engine: EngineSettings, concurrent_rows: int, model: str | None = None
+) -> EngineSettings:
+    """The engine settings for a job running ``concurrent_rows`` sequences at once on ``model``
+    (``None``: the default model). What the user set stays; the rest is chosen for the job.
 
-    Unless the user set ``pack_weights``, packing (3x the float32 weight memory, ~2 s of load)
-    is on only where the job runs multi-row steps: several sequences, or speculation.
+    The default model gets its own defaults (:func:`default_model_engine`). Packing (3x the
+    float32 weight memory, ~2 s of load) is on only where the job runs multi-row steps:
+    several sequences, or speculation.
     """
+    if model is None:
+        engine = default_model_engine(engine)
     if "pack_weights" in engine.model_fields_set:
         return engine
     pack = concurrent_rows >= PACKED_ROWS or engine.speculative != "none"
     return engine.model_copy(update={"pack_weights": pack})
+
+
+def default_model_engine(engine: EngineSettings) -> EngineSettings:
+    """The default model's settings where the user chose none (README "Speculation by
+    default" has the measurements): on a CPU it runs as what it is, its GGUF's own Q4_1 codes
+    (int4, unless a quantization or dtype was chosen), with its shipped ReDrafter on top
+    (unless a speculative method was chosen, ``none`` included). On CUDA it stays plain bf16:
+    the H200 ran the shipped ReDrafter at 0.20x plain (GPU_NOTES run 15)."""
+    import torch
+
+    on_cpu = engine.device == "cpu" or (engine.device == "auto" and not torch.cuda.is_available())
+    chosen = engine.model_fields_set
+    update: dict[str, str] = {}
+    if on_cpu and not chosen & {"quantization", "dtype"}:
+        update["quantization"] = "int4"
+    if on_cpu and "speculative" not in chosen:
+        update["speculative"] = f"redrafter:{SHIPPED_DRAFTER}"
+    return engine.model_copy(update=update) if update else engine
 
 
 @asynccontextmanager
@@ -136,7 +161,9 @@ async def _first_card(urls: list[str], settings: Settings) -> ModelCard:
 def _start_embedded(settings: Settings, rows: int) -> Any:
     from mathagent.serving.embedded import EmbeddedServer
 
-    build = engine_builder(settings, engine=engine_settings_for(settings.engine, rows))
+    build = engine_builder(
+        settings, engine=engine_settings_for(settings.engine, rows, settings.model)
+    )
     return EmbeddedServer(build).__enter__()
 
 

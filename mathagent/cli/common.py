@@ -13,6 +13,7 @@ import typer
 from pydantic import ValidationError
 
 from mathagent.config import Settings
+from mathagent.serving.engine.spec_config import EMBEDDED_METHODS
 
 BaseUrl = Annotated[str | None, typer.Option("--base-url", help="OpenAI-compatible endpoint.")]
 BaseUrls = Annotated[
@@ -37,6 +38,14 @@ MaxToolCalls = Annotated[
     int | None, typer.Option("--max-tool-calls", min=0, help="Code executions.")
 ]
 Host = Annotated[str | None, typer.Option("--host", help="Bind address (default loopback).")]
+Speculative = Annotated[
+    str | None,
+    typer.Option(
+        "--speculative",
+        help=f"Embedded engine: {EMBEDDED_METHODS} (default: the default model's shipped "
+        "ReDrafter on a CPU, none on CUDA and for other models).",
+    ),
+]
 Samples = Annotated[
     int | None, typer.Option("--samples", min=1, help="Samples per problem (default 1; aimo2 16).")
 ]
@@ -113,7 +122,10 @@ def with_overrides(
         if given:
             section = getattr(settings, name)
             try:
-                update[name] = type(section).model_validate({**section.model_dump(), **given})
+                # only what was set before or given now counts as set (unset fields keep
+                # the defaults the runtime chooses per job)
+                before = section.model_dump(exclude_unset=True)
+                update[name] = type(section).model_validate({**before, **given})
             except ValidationError as exc:
                 raise fail(str(exc), code=2) from exc
     return settings.model_copy(update=update)

@@ -28,6 +28,7 @@ def eval_(
     prompt_format: common.PromptFormat = None,
     reasoning_effort: common.ReasoningEffort = None,
     recipe: common.Recipe = None,
+    speculative: common.Speculative = None,
     column: Annotated[
         list[str] | None, typer.Option(help="FIELD=COLUMN for id/problem/answer, repeatable.")
     ] = None,
@@ -60,7 +61,10 @@ def eval_(
         "recipe": recipe,
     }
     urls = ",".join(base_url) if base_url else None
-    settings = with_overrides(settings_of(ctx), base_url=urls, model=model, agent=agent)
+    engine = {"speculative": speculative}
+    settings = with_overrides(
+        settings_of(ctx), base_url=urls, model=model, agent=agent, engine=engine
+    )
     try:
         summary = asyncio.run(run_eval(request, settings))
     except (ValueError, RuntimeError, OSError) as exc:

@@ -11,6 +11,7 @@ from mathagent.cli import launch
 from mathagent.cli.common import (
     AsJson,
     Host,
+    Speculative,
     announce,
     fail,
     print_json,
@@ -20,7 +21,6 @@ from mathagent.cli.common import (
 from mathagent.config import ENGINE_PORT, Settings
 from mathagent.serving.engine.spec_config import EMBEDDED_METHODS
 
-SPECULATIVE_HELP = EMBEDDED_METHODS
 Replicas = Annotated[
     int,
     typer.Option(
@@ -43,7 +43,7 @@ def serve(
     engine: Annotated[EngineKind, typer.Option(help="Which engine to run.")] = EngineKind.embedded,
     preset: Annotated[str | None, typer.Option(help="Named speculative configuration.")] = None,
     model: Annotated[str | None, typer.Option(help="Model path or name.")] = None,
-    speculative: Annotated[str | None, typer.Option(help=SPECULATIVE_HELP)] = None,
+    speculative: Speculative = None,
     port: Annotated[int, typer.Option(help="Port to listen on.")] = ENGINE_PORT,
     host: Host = None,
     replicas: Replicas = 1,
@@ -103,7 +103,7 @@ def _serve_embedded(
         _serve_replicas(settings, model, port, replicas, dry_run)
         return
     from mathagent.model_store import ModelFetchError
-    from mathagent.runtime import engine_builder
+    from mathagent.runtime import engine_builder, engine_settings_for
     from mathagent.serving.embedded import serve as run_server
     from mathagent.serving.engine.config import EngineConfigError
     from mathagent.serving.engine.loader import ModelLoadError
@@ -114,7 +114,10 @@ def _serve_embedded(
         return
     announce("mathagent embedded engine", settings.host, port)
     try:
-        run_server(engine_builder(settings, model), settings.host, port)
+        engine = engine_settings_for(
+            settings.engine, settings.engine.max_batch_size, model or settings.model
+        )
+        run_server(engine_builder(settings, model, engine), settings.host, port)
     except (EngineConfigError, ModelLoadError, UnsupportedModelError, ModelFetchError) as exc:
         raise fail(str(exc)) from exc
 
@@ -125,7 +128,7 @@ def _serve_replicas(
     from mathagent.serving.replicas import ReplicaError, plan_replicas, run_replicas
 
     extra = ["--model", model] if model else []
-    if settings.engine.speculative != "none":
+    if "speculative" in settings.engine.model_fields_set:  # a chosen none too: it beats the default
         extra += ["--speculative", settings.engine.speculative]
     engine = settings.engine
     try:

@@ -21,6 +21,7 @@ from mathagent.cli.common import (
     ReasoningEffort,
     Recipe,
     Samples,
+    Speculative,
     Temperature,
     announce,
     fail,
@@ -44,6 +45,7 @@ def solve(
     prompt_format: PromptFormat = None,
     reasoning_effort: ReasoningEffort = None,
     recipe: Recipe = None,
+    speculative: Speculative = None,
     as_json: AsJson = False,
 ) -> None:
     """Solve one problem; the last line of plain output is the final answer."""
@@ -52,7 +54,13 @@ def solve(
     if not problem.strip():
         raise fail("the problem is empty", code=2)
     agent = {"prompt_format": prompt_format, "reasoning_effort": reasoning_effort, "recipe": recipe}
-    settings = with_overrides(settings_of(ctx), base_url=base_url, model=model, agent=agent)
+    settings = with_overrides(
+        settings_of(ctx),
+        base_url=base_url,
+        model=model,
+        agent=agent,
+        engine={"speculative": speculative},
+    )
     options = SolveOptions(
         tools=not no_tools,
         samples=samples,

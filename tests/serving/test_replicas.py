@@ -47,3 +47,22 @@ def test_dry_run_prints_each_replica_and_the_base_url(clean_env):
 def test_replicas_are_for_the_embedded_engine(clean_env):
     result = CliRunner().invoke(app, ["serve", "--engine", "vllm", "--replicas", "2"])
     assert result.exit_code != 0 and "--replicas is for the embedded engine" in result.output
+
+
+def test_a_chosen_none_reaches_every_replica(clean_env):
+    # the replicas would otherwise pick the default model's default drafter themselves
+    clean_env.setenv("MATHAGENT_ENGINE__DEVICE", "cpu")
+    args = [
+        "serve",
+        "--engine",
+        "embedded",
+        "--replicas",
+        "2",
+        "--speculative",
+        "none",
+        "--dry-run",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert all(line.endswith("--speculative none") for line in lines[:2]), lines

@@ -37,6 +37,10 @@ def test_embedded_server_start_health_models_and_clean_stop(engine_env):
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()
         assert models["data"], models
+        # the default model on a CPU speculates by default with its shipped drafter
+        body = {"model": models["data"][0]["id"], "prompt": "1, 2, 3, 4,", "max_tokens": 12}
+        done = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120)
+        assert done.json()["speculative"]["target_forwards"] >= 1, done.json()
         assert server.returncode is None
     finally:
         started = time.monotonic()

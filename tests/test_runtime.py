@@ -1,0 +1,77 @@
+"""The job's engine settings: the default model on a CPU runs int4 with its shipped drafter by
+default, and the user's own choice (flag or environment) always wins."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from mathagent.cli import app
+from mathagent.cli.common import with_overrides
+from mathagent.config import EngineSettings, Settings
+from mathagent.model_store import SHIPPED_DRAFTER
+from mathagent.runtime import engine_settings_for
+
+SHIPPED = f"redrafter:{SHIPPED_DRAFTER}"
+
+
+def test_the_shipped_drafter_is_in_the_package():
+    config = json.loads((SHIPPED_DRAFTER / "config.json").read_text())
+    assert (SHIPPED_DRAFTER / "model.safetensors").is_file() and config
+
+
+def test_default_model_on_a_cpu_speculates_with_its_shipped_drafter(clean_env):
+    engine = engine_settings_for(Settings().engine, 1)
+    cpu = engine_settings_for(EngineSettings(device="cpu"), 1)
+    assert (cpu.speculative, cpu.quantization) == (SHIPPED, "int4")
+    assert cpu.pack_weights  # speculation runs multi-row verify steps: packed weights pay
+    import torch
+
+    if not torch.cuda.is_available():  # device auto resolves to the CPU here
+        assert engine.speculative == SHIPPED
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:1"])
+def test_default_model_on_cuda_keeps_plain_decoding(device):
+    # the H200 ran the shipped ReDrafter at 0.20x plain (GPU_NOTES run 15)
+    engine = engine_settings_for(EngineSettings(device=device), 1)
+    assert (engine.speculative, engine.quantization) == ("none", "none")
+
+
+def test_other_models_keep_plain_decoding():
+    engine = engine_settings_for(EngineSettings(device="cpu"), 1, model="/models/my-llama")
+    assert engine.speculative == "none" and engine.quantization == "none"
+    assert not engine.pack_weights
+
+
+def test_a_chosen_dtype_or_quantization_keeps_the_drafter_but_not_int4():
+    for chosen in ({"dtype": "float32"}, {"quantization": "none"}):
+        engine = engine_settings_for(EngineSettings(device="cpu", **chosen), 1)
+        assert (engine.quantization, engine.speculative) == ("none", SHIPPED)
+
+
+def test_the_users_choice_wins(clean_env):
+    for given in ("none", "ngram"):
+        clean_env.setenv("MATHAGENT_ENGINE__SPECULATIVE", given)
+        assert engine_settings_for(Settings().engine, 1).speculative == given
+    clean_env.delenv("MATHAGENT_ENGINE__SPECULATIVE")
+    flag = with_overrides(Settings(), engine={"speculative": "none"})
+    assert engine_settings_for(flag.engine, 1).speculative == "none"
+
+
+def test_overrides_leave_unset_fields_to_the_job(clean_env):
+    # a flag for one engine field must not pin the others to their static defaults
+    settings = with_overrides(Settings(), engine={"threads": 2})
+    assert settings.engine.model_fields_set == {"threads"}
+    engine = engine_settings_for(settings.engine.model_copy(update={"device": "cpu"}), 1)
+    assert engine.speculative == SHIPPED and engine.threads == 2
+    unchanged = with_overrides(Settings(), engine={"speculative": None})
+    assert "speculative" not in unchanged.engine.model_fields_set
+
+
+@pytest.mark.parametrize("command", [["solve", "p"], ["eval", "--dataset", "x", "--out", "/tmp/x"]])
+def test_solve_and_eval_take_speculative(command):
+    result = CliRunner().invoke(app, [*command, "--help"])
+    assert result.exit_code == 0 and "--speculative" in result.output
