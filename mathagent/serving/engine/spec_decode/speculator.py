@@ -82,14 +82,16 @@ class Speculator:
         """Remember the hidden state a finished prefill produced its first token from."""
         self._tracks[seq.request_id] = _Track(hidden=hidden)
 
-    def run(self, seqs: list[Sequence], plain: Callable[[list[Sequence]], list[int]]) -> list:
-        """One decode step of ``seqs`` with the draft length the policy picks (0: ``plain``)."""
+    def run(self, seqs: list[Sequence], plain: Callable[[list[Sequence], bool], list[int]]) -> list:
+        """One decode step of ``seqs`` with the draft length the policy picks (0: ``plain``,
+        told whether the next step is plain too, so it launches that one ahead only then: a
+        step launched ahead of a speculative one would be a whole plain step thrown away)."""
         k = self.policy.choose(len(seqs))
         if k and any(s.num_cached + 1 + self.beams * k > self.runner.max_seq_len for s in seqs):
             k = 0  # a row near the context end has no room for a verify step's nodes
         start = time.perf_counter()
         if k == 0:
-            out = [[t] for t in plain(seqs)]
+            out = [[t] for t in plain(seqs, self.policy.plain_next(len(seqs)))]
             for seq in seqs:  # a drafter's hidden state is now behind: the next step refreshes it
                 if seq.request_id in self._tracks:
                     self._tracks[seq.request_id].hidden = None
