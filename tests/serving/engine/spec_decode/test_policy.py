@@ -4,6 +4,8 @@ speculative engine that do no drafting (float32 random model through LLMEngine, 
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -132,3 +134,37 @@ def test_plain_steps_of_a_speculative_engine_are_plain_decode_steps() -> None:
     assert spec.token_ids == plain.token_ids
     assert proposer.calls == 0  # no drafting on plain steps
     assert len(aheads) == 63 and all(aheads)  # each launches its successor (on CUDA)
+
+
+def test_a_step_after_the_batch_changed_is_not_timed() -> None:
+    # on CUDA the step a plain step launched ahead for other rows is thrown away after the next
+    # step waited for it (the H200's drain steps timed 2x a plain step): not a step's cost
+    engine = make_engine("cpu")
+    gen = torch.Generator().manual_seed(4)
+    prompts = torch.randint(0, VOCAB, (2, 12), generator=gen).tolist()
+    engine.speculator.proposers.register(SpecMethod("draft", "counting"), Counting())
+    policy = engine.speculator.policy = measured(1e-3, 1.0, accepted=0, k=3)
+    for _ in range(9):  # closed at batch 2 as well
+        policy.observed(2, 0, 1e-3)
+        policy.observed(2, 3, 1.0)
+    calls: list[tuple[list, bool]] = []  # (slots of a plain step, whether it was timed)
+    observed, decode = policy.observed, engine.runner.decode
+
+    def timed(batch, k, seconds):
+        calls[-1] = (calls[-1][0], True)
+        observed(batch, k, seconds)
+
+    def spy(seqs, ahead=True):
+        calls.append(([s.slot for s in seqs], False))
+        return decode(seqs, ahead)
+
+    policy.observed, engine.runner.decode = timed, spy
+    params = [
+        SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, speculative="draft:counting")
+        for n in (8, 16)
+    ]
+    engine.generate(prompts, params)
+    assert len(calls) > 12
+    for (before, _), (slots, was_timed) in itertools.pairwise(calls):
+        assert was_timed == (slots == before)
+    assert sum(t for _, t in calls) >= len(calls) - 3
