@@ -44,19 +44,14 @@ def bucket(batch: int) -> int:
 class _Shape:
     seen: int = 0
     times: deque = field(default_factory=lambda: deque(maxlen=_WINDOW))
+    seconds: float = 0.0  # the median of ``times`` (kept: every step asks for it)
+    ready: bool = False  # enough steps timed
 
     def add(self, seconds: float) -> None:
         self.seen += 1
         if self.seen > _WARMUP:
             self.times.append(seconds)
-
-    @property
-    def ready(self) -> bool:
-        return len(self.times) >= 3
-
-    @property
-    def seconds(self) -> float:
-        return median(self.times)
+            self.seconds, self.ready = median(self.times), len(self.times) >= 3
 
 
 @dataclass
@@ -171,7 +166,10 @@ class DraftPolicy:
         return plain + (full - plain) * k / self.max_len
 
     def _shape(self, b: int, k: int) -> _Shape:
-        return self._shapes.setdefault((b, k), _Shape())
+        shape = self._shapes.get((b, k))
+        if shape is None:  # (not setdefault: every step asks, and a new _Shape is a deque)
+            shape = self._shapes[(b, k)] = _Shape()
+        return shape
 
     def observed(self, batch: int, k: int, seconds: float) -> None:
         """Count the wall time of one step of ``batch`` rows with ``k`` drafts (a speculative
