@@ -194,11 +194,12 @@ class ModelRunner:
             return None
         return self.sample(logits[:, -1], [seq])[0]
 
-    def decode(self, seqs: list[Sequence]) -> list[int]:
-        """One token for each running sequence, in a single batched forward."""
+    def decode(self, seqs: list[Sequence], ahead: bool = True) -> list[int]:
+        """One token for each running sequence, in a single batched forward; ``ahead=False``
+        launches no next step (the caller's next step is not a plain one)."""
         slots = [s.slot for s in seqs if s.slot is not None]
         if self.graphs is not None and self.graphs.accepts(len(seqs), 1):
-            out = self._decode_graphs(seqs, slots)
+            out = self._decode_graphs(seqs, slots, ahead)
             for s in seqs:
                 s.num_cached += 1
             return out
@@ -209,13 +210,13 @@ class ModelRunner:
             s.num_cached += 1
         return self.sample(logits[:, -1], seqs)
 
-    def _decode_graphs(self, seqs: list[Sequence], slots: list[int]) -> list[int]:
+    def _decode_graphs(self, seqs: list[Sequence], slots: list[int], ahead: bool) -> list[int]:
         """Decode through the CUDA graphs from host values; greedy rows keep a step in flight."""
         assert self.graphs is not None and self.lookahead is not None
         positions = [s.num_cached for s in seqs]
         tokens = [s.last_token for s in seqs]
         if all(s.params.greedy for s in seqs) and not self.feature_sinks:
-            return self.lookahead.decode(tokens, positions, slots)
+            return self.lookahead.decode(tokens, positions, slots, ahead)
         self.lookahead.drop()  # a sink reads this step's kept streams: no step may overwrite them
         logits, _ = self.graphs.run_decode(tokens, positions, slots)
         if self.feature_sinks:

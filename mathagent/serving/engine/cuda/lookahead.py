@@ -41,12 +41,15 @@ class GreedyLookahead:
         self.ahead = None
 
     @torch.inference_mode()
-    def decode(self, tokens: list[int], positions: list[int], slots: list[int]) -> list[int]:
-        """Greedy next tokens of rows at ``positions`` whose last tokens are ``tokens``."""
+    def decode(
+        self, tokens: list[int], positions: list[int], slots: list[int], ahead: bool = True
+    ) -> list[int]:
+        """Greedy next tokens of rows at ``positions`` whose last tokens are ``tokens``; with
+        ``ahead`` the next step is launched before this one is read."""
         step, self.ahead = self.ahead, None
         if step is None or (step.slots, step.positions, step.tokens) != (slots, positions, tokens):
             step = self._launch(tokens, positions, slots)
-        if all(p + 1 < self.graphs.max_seq for p in positions):
+        if ahead and all(p + 1 < self.graphs.max_seq for p in positions):
             self.ahead = self._launch(step.device_tokens, [p + 1 for p in positions], slots)
         step.done.synchronize()
         out = step.host_tokens.tolist()

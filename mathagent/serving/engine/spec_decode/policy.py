@@ -5,25 +5,34 @@ step of ``k`` drafts costs ``t(b, k)`` seconds at batch bucket ``b`` and commits
 tokens per row, so the step worth running maximises ``E(k) / t(b, k)``; ``k = 0`` is a plain
 decode step. The candidates are plain and the configured draft length (``lengths`` may add
 others): on the CUDA path each new verify width is a graph capture of a second or more, which
-an exploring policy would pay inside serving (measured on the H200: exploring widths 2 and 3
-made n-gram 5x slower than either fixed choice). Both sides are measured while serving: step
-times per (bucket, k) as the median
-of the latest steps (the first steps of a shape are dropped: they capture graphs or compile),
-acceptance as decayed counts of how often draft position ``i`` was accepted per row that asked
-for drafts (a proposer with nothing to propose counts as a miss). While plain decoding wins,
-speculation is probed again after a gap that doubles each time plain still wins, so a bad
-drafter costs a vanishing share of the steps; a winning probe resets the gap.
+an exploring policy would pay inside serving. Both sides are measured while serving: step
+times per (bucket, k) as the median of the latest steps (the first steps of a shape are
+dropped: they capture graphs or compile), acceptance as decayed counts of how often draft
+position ``i`` was accepted per row that asked for drafts (a proposer with nothing to propose
+counts as a miss).
+
+Probing is paid for. While plain wins, a probe (a speculative step or two, to re-measure
+acceptance and cost) comes after a gap of plain steps sized so that probes cost at most
+``_BUDGET`` of the plain time at the measured cost ratio ``r = t(b, k) / t(b, 0)`` (a probe
+loses at most ``r - 1`` plain steps), doubling each time plain still wins. A bucket where even
+a perfect drafter (``E = 1 + k``) loses at the measured ratio is closed: acceptance cannot
+change the verdict, so it is only re-measured, on the far smaller ``_CLOSED_BUDGET``; an
+unmeasured bucket above a closed one starts closed (a verify step's cost grows with rows x
+width while plain batched decode stays cheap per row), so it is not measured by speculating.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
 
 _WARMUP, _WINDOW = 2, 9  # steps dropped per shape; steps the median is taken over
 _DECAY = 0.97  # per speculative step, for the acceptance counts
-_MIN_GAP, _MAX_GAP = 8, 1024  # plain steps between probes of speculation
+_PROBE = 2  # speculative steps a probe takes at most (the first may only refresh a hidden state)
+_BUDGET, _CLOSED_BUDGET = 0.03, 0.005  # share of plain time probes may cost (open, closed)
+_MIN_GAP, _MAX_GAP = 8, 1 << 15  # plain steps between probes
 
 
 def bucket(batch: int) -> int:
@@ -35,19 +44,31 @@ def bucket(batch: int) -> int:
 class _Shape:
     seen: int = 0
     times: deque = field(default_factory=lambda: deque(maxlen=_WINDOW))
+    seconds: float = 0.0  # the median of ``times`` (kept: every step asks for it)
+    ready: bool = False  # enough steps timed
 
     def add(self, seconds: float) -> None:
         self.seen += 1
         if self.seen > _WARMUP:
             self.times.append(seconds)
+            self.seconds, self.ready = median(self.times), len(self.times) >= 3
 
-    @property
-    def ready(self) -> bool:
-        return len(self.times) >= 3
 
-    @property
-    def seconds(self) -> float:
-        return median(self.times)
+@dataclass
+class _Probes:
+    """When one bucket probes speculation while plain decoding wins there."""
+
+    since: int = 0  # plain steps since the last probe
+    losses: int = 0  # probes in a row after which plain still won (each doubles the gap)
+    left: int = 0  # speculative steps left in the probe under way
+
+
+def probe_gap(ratio: float, closed: bool, losses: int) -> int:
+    """Plain steps between probes: probes of ``_PROBE`` steps, each losing at most ``ratio - 1``
+    plain steps, cost at most the budget's share of plain time; doubled per losing probe."""
+    budget = _CLOSED_BUDGET if closed else _BUDGET
+    base = max(_MIN_GAP, math.ceil(_PROBE * max(ratio - 1.0, 0.0) / budget))
+    return min(base << min(losses, 20), _MAX_GAP)
 
 
 class DraftPolicy:
@@ -60,9 +81,7 @@ class DraftPolicy:
         self._shapes: dict[tuple[int, int], _Shape] = {}
         self._rows = 0.0  # decayed count of rows that asked for drafts
         self._accepted = [0.0] * max_len  # decayed count of rows with position i accepted
-        self._gap: dict[int, int] = {}  # bucket -> plain steps between probes
-        self._since: dict[int, int] = {}  # bucket -> plain steps since the last probe
-        self._probing: dict[int, int] = {}  # bucket -> speculative probe steps left
+        self._probes: dict[int, _Probes] = {}
 
     def expected_tokens(self, k: int) -> float:
         """Tokens a row commits per step with ``k`` drafts (1 + accepted drafts)."""
@@ -72,28 +91,66 @@ class DraftPolicy:
 
     def choose(self, batch: int) -> int:
         """The draft length of the next step of ``batch`` rows (0 = plain decode)."""
-        if not self.adaptive:
-            return self.max_len
         b = bucket(batch)
-        top = self._shape(b, self.max_len)
-        if self._probing.get(b):
-            self._probing[b] -= 1
-            return self.max_len
-        if not top.ready:
-            return self.max_len
-        if not self._shape(b, 0).ready:
-            return 0
-        best = max(self.lengths, key=lambda k: self._rate(b, k))
-        if best == 0:
-            self._since[b] = self._since.get(b, 0) + 1
-            gap = self._gap.get(b, _MIN_GAP)
-            if self._since[b] >= gap:  # probe: a fresh hidden state, then real drafts
-                self._since[b], self._gap[b] = 0, min(2 * gap, _MAX_GAP)
-                self._probing[b] = 2
-                return self.max_len
-        else:
-            self._gap[b] = _MIN_GAP
-        return best
+        k, event = self._plan(b)
+        probes = self._probes.setdefault(b, _Probes())
+        if event == "probing":
+            probes.left -= 1
+        elif event == "probe":  # the gap is over: measure again, from fresh acceptance
+            probes.since, probes.left = 0, _PROBE - 1
+            probes.losses += 1  # until it wins: then the next choice resets it
+            self._rows *= 0.5  # what was measured a gap ago counts half
+            self._accepted = [a * 0.5 for a in self._accepted]
+        elif event == "plain":
+            probes.since += 1
+        elif event == "wins":
+            probes.since = probes.losses = 0
+        return k
+
+    def plain_next(self, batch: int) -> bool:
+        """Whether the next step of ``batch`` rows will be plain (so a plain step may launch its
+        successor ahead); changes nothing."""
+        return self._plan(bucket(batch))[0] == 0
+
+    def _plan(self, b: int) -> tuple[int, str]:
+        """The next step's draft length at bucket ``b`` and why; changes nothing."""
+        if not self.adaptive:
+            return self.max_len, "fixed"
+        probes = self._probes.get(b) or _Probes()
+        if probes.left:
+            return self.max_len, "probing"
+        ceiling = self.ceiling(b)
+        if ceiling is None:  # time both steps here, the speculative one first
+            return (0 if self._shape(b, self.max_len).ready else self.max_len), "measure"
+        best = max(self.lengths, key=lambda k: self._rate(b, k)) if ceiling > 1 else 0
+        if best:
+            return best, "wins"
+        ratio = self._ratio(b)
+        if probes.since + 1 >= probe_gap(ratio, ceiling <= 1, probes.losses):
+            return self.max_len, "probe"
+        return 0, "plain"
+
+    def ceiling(self, b: int) -> float | None:
+        """The most a perfect drafter (every draft accepted) could speed bucket ``b`` up at the
+        measured step costs; None while unknown. An unmeasured bucket above a closed one (<= 1)
+        takes that one's ceiling."""
+        if self._shape(b, self.max_len).ready and self._shape(b, 0).ready:
+            return max((1 + k) / self._ratio(b, k) for k in self.lengths if k)
+        below = [c for c in (b >> i for i in range(1, b.bit_length())) if self._measured(c)]
+        if below and (c := self.ceiling(below[0])) is not None and c <= 1:
+            return c
+        return None
+
+    def _measured(self, b: int) -> bool:
+        return self._shape(b, self.max_len).ready and self._shape(b, 0).ready
+
+    def _ratio(self, b: int, k: int | None = None) -> float:
+        """Cost of a ``k``-draft step (default the full length) over a plain one at ``b``, or
+        where ``b`` is unmeasured the ratio of the nearest measured bucket below."""
+        k = self.max_len if k is None else k
+        while not self._measured(b) and b > 1:
+            b >>= 1
+        return self._cost(b, k) / self._shape(b, 0).seconds
 
     def _rate(self, b: int, k: int) -> float:
         """Estimated tokens per second per row of a step with ``k`` drafts."""
@@ -109,11 +166,19 @@ class DraftPolicy:
         return plain + (full - plain) * k / self.max_len
 
     def _shape(self, b: int, k: int) -> _Shape:
-        return self._shapes.setdefault((b, k), _Shape())
+        shape = self._shapes.get((b, k))
+        if shape is None:  # (not setdefault: every step asks, and a new _Shape is a deque)
+            shape = self._shapes[(b, k)] = _Shape()
+        return shape
 
     def observed(self, batch: int, k: int, seconds: float) -> None:
-        """Count the wall time of one step of ``batch`` rows with ``k`` drafts."""
-        self._shape(bucket(batch), k).add(seconds)
+        """Count the wall time of one step of ``batch`` rows with ``k`` drafts (a speculative
+        step only where it drafted: it ends a probe)."""
+        b = bucket(batch)
+        self._shape(b, k).add(seconds)
+        probes = self._probes.get(b)
+        if k and probes is not None:
+            probes.left = 0  # the probe has measured a drafted step
 
     def accepted(self, asked: int, accepted: list[int]) -> None:
         """Count one speculative step: ``asked`` rows wanted drafts, ``accepted`` holds each
@@ -122,3 +187,14 @@ class DraftPolicy:
         for i in range(self.max_len):
             hits = sum(1 for a in accepted if a > i)
             self._accepted[i] = _DECAY * self._accepted[i] + hits
+
+    def describe(self) -> dict:
+        """What it measured, per bucket (for benchmarks): step ms, cost ratio, ceiling, gap."""
+        out = {}
+        for b in sorted({b for b, _ in self._shapes}):
+            ms = {k: round(1e3 * s.seconds, 3) for (c, k), s in self._shapes.items()
+                  if c == b and s.ready}  # fmt: skip
+            ceiling, probes = self.ceiling(b), self._probes.get(b) or _Probes()
+            out[b] = {"step_ms": ms, "ceiling": None if ceiling is None else round(ceiling, 3),
+                      "losing_probes": probes.losses}  # fmt: skip
+        return out

@@ -62,6 +62,7 @@ class Speculator:
         self.stats = SpecStats()
         self.policy = DraftPolicy(draft_len, adaptive)
         self.last_depth = 0  # drafts per beam of the latest speculative step
+        self._ahead: list[int | None] | None = None  # slots a plain step launched its successor for
         self._tracks: dict[str, _Track] = {}
 
     def proposer(self, method: SpecMethod) -> Proposer | None:
@@ -82,20 +83,29 @@ class Speculator:
         """Remember the hidden state a finished prefill produced its first token from."""
         self._tracks[seq.request_id] = _Track(hidden=hidden)
 
-    def run(self, seqs: list[Sequence], plain: Callable[[list[Sequence]], list[int]]) -> list:
-        """One decode step of ``seqs`` with the draft length the policy picks (0: ``plain``)."""
+    def run(self, seqs: list[Sequence], plain: Callable[[list[Sequence], bool], list[int]]) -> list:
+        """One decode step of ``seqs`` with the draft length the policy picks (0: ``plain``,
+        told whether the next step is plain too, so it launches that one ahead only then: a
+        step launched ahead of a speculative one would be a whole plain step thrown away)."""
         k = self.policy.choose(len(seqs))
         if k and any(s.num_cached + 1 + self.beams * k > self.runner.max_seq_len for s in seqs):
             k = 0  # a row near the context end has no room for a verify step's nodes
+        slots = [s.slot for s in seqs]
+        # a step launched ahead for other rows, or ahead of a speculative step, is thrown away
+        # after this step has waited for it (measured on the H200: drain steps timed 2x): that
+        # is not what this step costs, so it is not timed
+        wasted = self._ahead is not None and (k > 0 or self._ahead != slots)
         start = time.perf_counter()
         if k == 0:
-            out = [[t] for t in plain(seqs)]
+            ahead = self.policy.plain_next(len(seqs))
+            out = [[t] for t in plain(seqs, ahead)]
+            self._ahead = slots if ahead else None
             for seq in seqs:  # a drafter's hidden state is now behind: the next step refreshes it
                 if seq.request_id in self._tracks:
                     self._tracks[seq.request_id].hidden = None
         else:
-            out = self.step(seqs, k)
-        if k == 0 or self.last_depth > 0:
+            out, self._ahead = self.step(seqs, k), None
+        if not wasted and (k == 0 or self.last_depth > 0):
             self.policy.observed(len(seqs), k, time.perf_counter() - start)
         return out
 

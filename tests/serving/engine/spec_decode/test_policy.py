@@ -1,0 +1,170 @@
+"""The draft-length policy pays for its probes: none where even perfect drafts lose at the
+measured step costs, a probe share bounded by the measured cost ratio, and plain steps under a
+speculative engine that do no drafting (float32 random model through LLMEngine, CPU)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from mathagent.serving.engine.sampling_params import SamplingParams
+from mathagent.serving.engine.spec_config import SpecMethod
+from mathagent.serving.engine.spec_decode.policy import DraftPolicy, probe_gap
+from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
+from tests.serving.engine.spec_decode.test_device_step import VOCAB, make_engine
+
+
+def measured(plain_s: float, spec_s: float, accepted: int, batch: int = 1, k: int = 4):
+    """A policy that has timed both steps at ``batch`` and saw ``accepted`` drafts land."""
+    policy = DraftPolicy(k)
+    for _ in range(9):
+        policy.observed(batch, 0, plain_s)
+        policy.observed(batch, k, spec_s)
+        policy.accepted(batch, [accepted] * batch)
+    return policy
+
+
+def speculative_share(policy: DraftPolicy, batch: int, steps: int, ratio: float) -> list[float]:
+    """Run ``steps`` choices; after each, the cost of the speculative steps so far (each loses
+    at most ``ratio - 1`` plain steps) as a share of the steps so far."""
+    lost, shares = 0.0, []
+    for n in range(1, steps + 1):
+        if policy.choose(batch):
+            lost += ratio - 1
+        shares.append(lost / n)
+    return shares
+
+
+def test_no_probes_where_a_perfect_drafter_loses() -> None:
+    # batch 32 on the H200 (run 16): a verify step of 4 drafts costs ~6 plain steps, so even
+    # 5 tokens per step (every draft accepted) lose; every draft is accepted here
+    policy = measured(1.0, 6.0, accepted=4, batch=32)
+    assert policy.expected_tokens(4) == pytest.approx(5.0)
+    assert policy.ceiling(32) == pytest.approx(5 / 6)
+    choices = [policy.choose(32) for _ in range(1500)]
+    assert choices.count(4) == 0  # the old policy probed ~16 times here
+    # it is re-measured, rarely: within the closed gap (~2000 plain steps at this ratio)
+    later = [policy.choose(32) for _ in range(probe_gap(6.0, True, 0))]
+    assert later.count(4) >= 1
+
+
+def test_probe_cost_stays_within_budget_of_plain_time() -> None:
+    # speculation could win (perfect drafts: 5 tokens for 3 steps) but nothing lands now
+    policy = measured(1.0, 3.0, accepted=0, batch=8)
+    shares = speculative_share(policy, 8, 3000, 3.0)
+    assert max(shares[20:]) <= 0.03  # the old policy's probes cost 12% of a 128-step run
+    assert shares[-1] > 0  # it still probes
+
+
+def test_probe_gap_scales_with_the_cost_ratio() -> None:
+    assert probe_gap(1.2, False, 0) < probe_gap(3.0, False, 0) < probe_gap(3.0, True, 0)
+    assert probe_gap(3.0, False, 2) == 4 * probe_gap(3.0, False, 0)  # doubles per losing probe
+    assert probe_gap(1.0, False, 0) >= 8
+
+
+def test_unmeasured_bucket_above_a_closed_one_stays_plain() -> None:
+    policy = measured(1.0, 6.0, accepted=4, batch=8)
+    assert policy.ceiling(32) == policy.ceiling(8) < 1
+    drafted = 0
+    for _ in range(300):  # each step timed as it ran
+        k = policy.choose(32)
+        policy.observed(32, k, 6.0 if k else 1.0)
+        drafted += k > 0
+    assert drafted == 0  # the old policy speculated here until it had timed 5 such steps
+
+
+def test_winning_speculation_is_kept_and_a_winning_probe_resets_the_gap() -> None:
+    policy = measured(1.0, 2.0, accepted=3)
+    assert all(policy.choose(1) == 4 for _ in range(50))  # 4 tokens for 2 steps
+    policy = measured(1.0, 2.0, accepted=0)
+    choices = [policy.choose(1) for _ in range(probe_gap(2.0, False, 0))]
+    assert choices[-1] == 4 and choices.count(4) == 1  # the probe, at the end of the gap
+    policy.observed(1, 4, 2.0)
+    for _ in range(20):  # the drafts land again
+        policy.accepted(1, [3])
+    assert policy.choose(1) == 4
+    assert policy.describe()[1]["losing_probes"] == 0
+
+
+def test_plain_next_predicts_choose_without_changing_it() -> None:
+    policy = measured(1.0, 3.0, accepted=0)
+    for _ in range(500):
+        guess = policy.plain_next(1)
+        assert policy.plain_next(1) == guess
+        assert (policy.choose(1) == 0) == guess
+
+
+class Counting:
+    """Drafts nothing useful and counts how often it is asked."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
+        self.calls += 1
+        return [Draft.chain(r.seq.last_token, [(r.seq.last_token + 1) % VOCAB] * k) for r in rows]
+
+    def accepted(self, row: SpecRow, old_cached: int, num_accepted: int) -> None:
+        pass
+
+
+def test_plain_steps_of_a_speculative_engine_are_plain_decode_steps() -> None:
+    engine = make_engine("cpu")
+    prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(3)).tolist()
+    params = SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)
+    (plain,) = engine.generate([prompt], params)
+    proposer = Counting()
+    engine.speculator.proposers.register(SpecMethod("draft", "counting"), proposer)
+    # closed at batch 1: a speculative step was timed at 1 s, whatever the plain steps take here
+    engine.speculator.policy = measured(1e-3, 1.0, accepted=0, k=3)
+    aheads: list[bool] = []
+    decode = engine.runner.decode
+
+    def spy(seqs, ahead=True):
+        aheads.append(ahead)
+        return decode(seqs, ahead)
+
+    engine.runner.decode = spy
+    params = SamplingParams(
+        max_tokens=64, temperature=0.0, ignore_eos=True, speculative="draft:counting"
+    )
+    (spec,) = engine.generate([prompt], params)
+    assert spec.token_ids == plain.token_ids
+    assert proposer.calls == 0  # no drafting on plain steps
+    assert len(aheads) == 63 and all(aheads)  # each launches its successor (on CUDA)
+
+
+def test_a_step_after_the_batch_changed_is_not_timed() -> None:
+    # on CUDA the step a plain step launched ahead for other rows is thrown away after the next
+    # step waited for it (the H200's drain steps timed 2x a plain step): not a step's cost
+    engine = make_engine("cpu")
+    gen = torch.Generator().manual_seed(4)
+    prompts = torch.randint(0, VOCAB, (2, 12), generator=gen).tolist()
+    engine.speculator.proposers.register(SpecMethod("draft", "counting"), Counting())
+    policy = engine.speculator.policy = measured(1e-3, 1.0, accepted=0, k=3)
+    for _ in range(9):  # closed at batch 2 as well
+        policy.observed(2, 0, 1e-3)
+        policy.observed(2, 3, 1.0)
+    calls: list[tuple[list, bool]] = []  # (slots of a plain step, whether it was timed)
+    observed, decode = policy.observed, engine.runner.decode
+
+    def timed(batch, k, seconds):
+        calls[-1] = (calls[-1][0], True)
+        observed(batch, k, seconds)
+
+    def spy(seqs, ahead=True):
+        calls.append(([s.slot for s in seqs], False))
+        return decode(seqs, ahead)
+
+    policy.observed, engine.runner.decode = timed, spy
+    params = [
+        SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, speculative="draft:counting")
+        for n in (8, 16)
+    ]
+    engine.generate(prompts, params)
+    assert len(calls) > 12
+    for (before, _), (slots, was_timed) in itertools.pairwise(calls):
+        assert was_timed == (slots == before)
+    assert sum(t for _, t in calls) >= len(calls) - 3
