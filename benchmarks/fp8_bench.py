@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 from gemv_sweep import graph_us, uses
+from gpu_common import steady_tok_s
 
 from mathagent.config import EngineSettings
 from mathagent.serving.engine import fp8_format
@@ -163,25 +164,8 @@ def prompts(n: int, seed: int, length: int = 32) -> list[list[int]]:
 
 
 def decode_tok_s(engine: LLMEngine, n: int, max_tokens: int) -> dict:
-    """Tokens/s of ``n`` concurrent greedy requests through ``LLMEngine.step``; ``steady``
-    counts the steps where all ``n`` decode together (after the last prefill, before a finish).
-    gpu_bench.engine_tok_s's rule, restated because gpu_bench cannot be imported on the device."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    for p in prompts(n, seed=n):
-        engine.add_request(p, params)
-    t_start, started, tokens, steady_tokens, steady_s = time.perf_counter(), set(), 0, 0, 0.0
-    while engine.has_unfinished():
-        all_in = len(started) == n
-        t0 = time.perf_counter()
-        outs = engine.step()
-        dt = time.perf_counter() - t0
-        step_tokens = sum(len(o.delta_token_ids) for o in outs)
-        if all_in and not any(o.finished for o in outs):
-            steady_tokens, steady_s = steady_tokens + step_tokens, steady_s + dt
-        tokens += step_tokens
-        started.update(o.request_id for o in outs)
-    return {"requests": n, "tokens": tokens, "wall_tok_s": tokens / (time.perf_counter() - t_start),
-            "steady_tok_s": steady_tokens / max(steady_s, 1e-9)}  # fmt: skip
+    """Tokens/s of ``n`` concurrent greedy requests (``gpu_common.steady_tok_s``)."""
+    return steady_tok_s(engine, prompts(n, seed=n), max_tokens)
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph, reps: int = 20) -> float:

@@ -28,14 +28,19 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 import gpu_default_model
 import gpu_spec
-from gpu_common import build_hf_model, copy_bandwidth, hf_generate_tok_s, roofline
+from gpu_common import (
+    build_hf_model,
+    copy_bandwidth,
+    hf_generate_tok_s,
+    roofline,
+    steady_tok_s,
+)
 
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.cuda.kernels import GEMV_CONFIGS
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import LoadedModel, _hf_to_engine
 from mathagent.serving.engine.model import ModelArgs, Transformer
-from mathagent.serving.engine.sampling_params import SamplingParams
 
 PROMPT_LEN, DECODE_TOKENS, DRAFT_LEN = 32, 256, 4  # verify steps: the root + 4 drafts
 
@@ -74,29 +79,8 @@ def prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 def engine_tok_s(engine: LLMEngine, n: int, max_tokens: int, vocab: int) -> dict:
-    """Aggregate tokens/s of ``n`` concurrent greedy requests through ``LLMEngine.step``.
-
-    ``steady_tok_s`` counts only steps while all ``n`` requests decode together (after the last
-    prefill, before the first finish); ``wall_tok_s`` is the whole run, prefills included.
-    """
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    for p in prompts(n, vocab, seed=n):
-        engine.add_request(p, params)
-    t_start = time.perf_counter()
-    started, tokens, steady_tokens, steady_s = set(), 0, 0, 0.0
-    while engine.has_unfinished():
-        all_in = len(started) == n
-        t0 = time.perf_counter()
-        outs = engine.step()
-        dt = time.perf_counter() - t0
-        step_tokens = sum(len(o.delta_token_ids) for o in outs)
-        if all_in and not any(o.finished for o in outs):
-            steady_tokens, steady_s = steady_tokens + step_tokens, steady_s + dt
-        tokens += step_tokens
-        started.update(o.request_id for o in outs)
-    wall = time.perf_counter() - t_start
-    return {"requests": n, "tokens": tokens, "wall_tok_s": tokens / wall,
-            "steady_tok_s": steady_tokens / max(steady_s, 1e-9), "steady_steps_s": steady_s}  # fmt: skip
+    """Aggregate tokens/s of ``n`` concurrent greedy requests (``gpu_common.steady_tok_s``)."""
+    return steady_tok_s(engine, prompts(n, vocab, seed=n), max_tokens)
 
 
 def redrafter_cost(model: Transformer, decode_step_s: float) -> dict:

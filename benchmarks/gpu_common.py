@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 from mathagent.serving.engine.loader import RANDOM_SHAPES  # the model shapes, one list
+from mathagent.serving.engine.sampling_params import SamplingParams
 
 DATASHEET_HBM_BYTES_PER_S = 4.8e12  # H200 SXM datasheet
 
@@ -87,3 +88,29 @@ def hf_generate_tok_s(model: torch.nn.Module, prompt_len: int, new_tokens: int) 
     run(2)  # warm-up
     prefill = run(1)
     return (new_tokens - 1) / max(run(new_tokens) - prefill, 1e-9)
+
+
+def steady_tok_s(engine: object, prompts: list[list[int]], max_tokens: int) -> dict:
+    """Aggregate tokens/s of concurrent greedy requests through ``LLMEngine.step``.
+
+    ``steady_tok_s`` counts only steps while all requests decode together (after the last
+    prefill, before the first finish); ``wall_tok_s`` is the whole run, prefills included.
+    """
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    for p in prompts:
+        engine.add_request(p, params)
+    n, t_start = len(prompts), time.perf_counter()
+    started, tokens, steady_tokens, steady_s = set(), 0, 0, 0.0
+    while engine.has_unfinished():
+        all_in = len(started) == n
+        t0 = time.perf_counter()
+        outs = engine.step()
+        dt = time.perf_counter() - t0
+        step_tokens = sum(len(o.delta_token_ids) for o in outs)
+        if all_in and not any(o.finished for o in outs):
+            steady_tokens, steady_s = steady_tokens + step_tokens, steady_s + dt
+        tokens += step_tokens
+        started.update(o.request_id for o in outs)
+    wall = time.perf_counter() - t_start
+    return {"requests": n, "tokens": tokens, "wall_tok_s": tokens / wall,
+            "steady_tok_s": steady_tokens / max(steady_s, 1e-9), "steady_steps_s": steady_s}  # fmt: skip
