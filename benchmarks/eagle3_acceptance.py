@@ -5,7 +5,7 @@ renders them), greedy, one request at a time, float32 CPU: acceptance length, ac
 per-position acceptance and whether the output equals plain greedy, for a tree of 4 beams of 3
 tokens and a chain of 5 tokens by default, every step drafting. Prints JSON.
 
-    python benchmarks/eagle3_acceptance.py [--limit 5] [--max-tokens 64] [--eagle3 DIR]
+    python benchmarks/eagle3_acceptance.py [--limit 5] [--offset 0] [--max-tokens 64] [--eagle3 DIR]
                                            [--configs 4x3,1x5]  (beams x draft tokens)
 """
 
@@ -31,6 +31,9 @@ KEYS = ("acceptance_length", "drafted_tokens", "accepted_tokens", "per_position_
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, default=5)
+    parser.add_argument(
+        "--offset", type=int, default=0, help="skip the first N (20: the head's held-out problems)"
+    )
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--eagle3", type=Path, default=EAGLE3)
     parser.add_argument(
@@ -47,7 +50,7 @@ def main() -> None:
                                   adaptive_draft=False)  # fmt: skip
         engine = LLMEngine(EngineConfig.from_settings(settings, resolve_model(None, model_dir)),
                            model_dir)  # fmt: skip
-        prompts = agent_prompts(engine, args.limit)
+        prompts = agent_prompts(engine, args.offset + args.limit)[args.offset :]
         greedy = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
         plain = [r.token_ids for r in engine.generate(prompts, greedy)]
         spec = greedy.model_copy(update={"speculative": f"eagle3:{args.eagle3}"})
@@ -60,7 +63,8 @@ def main() -> None:
         out[f"beams{beams}_len{length}"] = {k: d[k] for k in KEYS} | {
             "identical_to_plain_greedy": same
         }
-    print(json.dumps({"problems": args.limit, "max_tokens": args.max_tokens, **out}, indent=2))
+    head = {"problems": args.limit, "offset": args.offset, "max_tokens": args.max_tokens}
+    print(json.dumps(head | out, indent=2))
 
 
 if __name__ == "__main__":
