@@ -11,10 +11,10 @@ greedy token for token. Used by ``gpu_bench.py --default-model``; runs alone too
     python benchmarks/gpu_default_model.py --default-model MODEL.gguf|DIR --drafter DIR \
         --prompts gsm8k_test.jsonl [--default-device cuda] [--default-limit 20] [--eagle3 DIR]
 
-EAGLE-3 runs in an engine of its own: a loaded head asks every target forward for its fused
-hidden states, which the CUDA graphs do not return, so that engine runs every forward eagerly
-(plain requests too); its speedup is against the graph engine's plain decoding, and that
-engine's own eager plain rate is reported beside it (``none_eager``).
+EAGLE-3 runs in an engine of its own: a loaded head makes every target forward keep the
+low/middle/high streams it fuses (the CUDA graphs return them) and sends them to its feature
+sink, so no plain step runs ahead there; its speedup is against the first engine's plain
+decoding, and the head's engine's own plain rate is reported beside it (``none_eager``).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mathagent.serving.engine.model import rope_table
+from mathagent.serving.engine.spec_decode.eagle3_chain import Eagle3Chain
 from mathagent.serving.engine.spec_decode.eagle3_head import Eagle3Head, attend
 from mathagent.serving.engine.spec_decode.eagle3_loader import aux_layers
 from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
@@ -58,13 +59,16 @@ class Eagle3Proposer:
         self.layers = aux_layers(cfg, model.args)
         model.capture = self.layers
         runner.feature_sinks.append(self._sink)
+        # greedy chains, batched (one graph on CUDA); None drafts them row by row
+        self.chains: Eagle3Chain | None = Eagle3Chain(self, runner.graphs)
 
     def use_head(self, project: Callable[[Tensor], Tensor]) -> None:
         """Score draft columns with ``project`` (normed output [N, H] -> [N, V']), e.g. the
         target's own (possibly quantized) head rows when the head is tied to it."""
         self._project = project
 
-    def _logits(self, out: Tensor) -> Tensor:
+    def logits(self, out: Tensor) -> Tensor:
+        """Draft-vocabulary logits [N, V'] (float32) of the layer's output [N, H]."""
         if self._project is None:
             return self.head.logits(out)
         return self._project(self.head.norm(out)).float()
@@ -78,22 +82,49 @@ class Eagle3Proposer:
 
     @torch.inference_mode()
     def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
-        out = []
-        for row in rows:
+        out: list[Draft | None] = [None] * len(rows)
+        chains = []  # greedy one-beam rows: drafted together
+        for i, row in enumerate(rows):
             seq = row.seq
             if seq.slot is None or k < 1:
-                out.append(Draft.chain(seq.last_token, []))
-                continue
-            last = self._settle(row)  # [1, H] the layer's output at the last committed position
-            if not row.greedy:
-                draft = self._sample_chain(row, last, k)
-            elif self.beams > 1:
-                draft = Draft(self._beam_search(row, last, k).cpu())
+                out[i] = Draft.chain(seq.last_token, [])
+            elif row.greedy and self.beams == 1 and seq.num_cached > k and self.chains:
+                chains.append(i)
             else:
-                draft = Draft(self._beam_search(row, last, k, width=1).cpu())
-            row.state["beams"] = draft.beams
-            out.append(draft)
-        return out
+                last = self._settle(row)  # [1, H] the layer's output at the last position
+                if not row.greedy:
+                    draft = self._sample_chain(row, last, k)
+                else:
+                    draft = Draft(self._beam_search(row, last, k).cpu())
+                row.state["beams"] = draft.beams
+                out[i] = draft
+        if chains:
+            for i, draft in zip(chains, self._chains([rows[i] for i in chains], k), strict=True):
+                out[i] = draft
+        return [d for d in out if d is not None]
+
+    def _chains(self, rows: list[SpecRow], k: int) -> list[Draft]:
+        """Greedy chains of ``k`` for ``rows`` in one batched draft (one graph on CUDA)."""
+        width = k + 1  # the window a verify step of k drafts can have committed
+        slots, starts, windows = [], [], []
+        for row in rows:
+            seq, st = row.seq, row.state
+            c = seq.num_cached
+            st.pop("pending", None)  # a chain's accepted drafts are already in place
+            if min(st.get("n", 0), c - 1) < c - width:
+                self._settle(row)  # after prefill or plain steps: catch up eagerly first
+            st["n"] = c
+            assert seq.slot is not None
+            slots.append(seq.slot)
+            starts.append(c - width)
+            windows.append(seq.all_ids[c - k : c + 1])
+        assert self.chains is not None
+        beams = self.chains.draft(slots, starts, windows, k)  # [B, 1 + k]
+        drafts = []
+        for b, row in enumerate(rows):
+            drafts.append(Draft(beams[b : b + 1]))
+            row.state["beams"] = drafts[-1].beams
+        return drafts
 
     def accepted(self, row: SpecRow, old_cached: int, num_accepted: int) -> None:
         """Remember which draft was verified, so the next step can find its accepted branch."""
@@ -154,7 +185,7 @@ class Eagle3Proposer:
             if j:
                 emb = self.embedding[toks[-1]].view(1, 1, -1)
                 hidden = self._layer(seq.slot, emb, hidden, c - 1 + j, c + j)
-            q = row.warp(self._logits(hidden[:, -1]))  # [1, V']
+            q = row.warp(self.logits(hidden[:, -1]))  # [1, V']
             col = torch.multinomial(q.cpu(), 1, generator=seq.generator).to(q.device)[0]
             toks.append(self.ids[col])
             qs.append(q.new_zeros(1, self.embedding.shape[0]).index_copy_(1, self.ids, q))
@@ -168,7 +199,7 @@ class Eagle3Proposer:
         slot = seq.slot
         assert slot is not None
         w = min(width or self.beams, self.ids.numel())
-        score, col = F.log_softmax(self._logits(last), dim=-1)[0].topk(w)  # [W]
+        score, col = F.log_softmax(self.logits(last), dim=-1)[0].topk(w)  # [W]
         toks = self.ids[col]
         beams = torch.stack([torch.full_like(toks, seq.last_token), toks], 1)  # [W, 2]
         hidden = last.expand(w, -1)[:, None]  # [W, 1, H]
@@ -187,7 +218,7 @@ class Eagle3Proposer:
             spec_k, spec_v = torch.cat([spec_k, kk], 2), torch.cat([spec_v, vv], 2)
             att = attend(q, torch.cat([ctx_k, spec_k], 2), torch.cat([ctx_v, spec_v], 2), None)
             hidden = mid.finish(residual, att)  # [W, 1, H]
-            logp = F.log_softmax(self._logits(hidden[:, 0]), dim=-1)  # [W, V']
+            logp = F.log_softmax(self.logits(hidden[:, 0]), dim=-1)  # [W, V']
             vocab = logp.shape[-1]
             score, flat = (score[:, None] + logp).view(-1).topk(w)
             src, toks = flat // vocab, self.ids[flat % vocab]

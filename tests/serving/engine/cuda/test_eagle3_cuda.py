@@ -88,3 +88,29 @@ def test_eagle3_on_graphs_equals_eager_and_plain(model) -> None:
     assert any(width > 1 for _, width in graphs.graphs), "verify steps replayed no graph"
     rel = (graph_feats - eager_feats).norm() / eager_feats.norm()
     assert rel < 1e-4, f"features from the graphs differ from eager: {rel:.2e}"
+
+
+def test_batched_chain_graphs_draft_as_eager_for_padded_batches(model) -> None:
+    """Three rows in the batch-4 bucket (one padded row on the scratch slot): the captured
+    chain draft proposes what the eager batched draft does, and output stays plain greedy."""
+    from mathagent.serving.engine.sampling_params import SamplingParams
+
+    gen = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, 2048, (n,), generator=gen).tolist() for n in (7, 12, 9)]
+    plain = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    spec = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, speculative=METHOD)
+    runs = {}
+    for eager in (True, False):
+        engine, proposer = _engine(model, eager)
+        runs[eager] = ([r.token_ids for r in engine.generate(prompts, plain)],
+                       engine.generate(prompts, spec), proposer)  # fmt: skip
+        model.capture = ()
+    (ref, eager_out, _), (graph_ref, graph_out, graph_proposer) = runs[True], runs[False]
+    assert graph_ref == ref and [r.token_ids for r in graph_out] == ref
+    assert [r.token_ids for r in eager_out] == ref
+    assert any(b > 1 for b, _ in graph_proposer.chains._captured), "no batched chain graph"
+    same = ("drafted_at", "accepted_at", "target_forwards")
+    for g, e in zip(graph_out, eager_out, strict=True):
+        assert {k: g.metrics.speculative[k] for k in same} == {
+            k: e.metrics.speculative[k] for k in same
+        }

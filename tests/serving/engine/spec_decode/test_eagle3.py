@@ -233,3 +233,26 @@ def test_generate_cli_runs_eagle3_and_refuses_a_bad_head(tmp_path: Path) -> None
     )  # fmt: skip
     assert bad.returncode != 0
     assert "cannot load EAGLE-3 head" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_batched_chains_draft_what_row_by_row_drafting_does(engine, heads) -> None:
+    """The batched chain drafter (one CUDA graph on a GPU) re-settles a window per row; its
+    drafts, and so the acceptance at every position, equal drafting row by row."""
+    shipped = heads[2].split(":", 1)[1]
+    method = SpecMethod("eagle3", f"{shipped}#chain")
+    proposer = load_eagle3(Path(shipped), engine.runner, 1)  # the shipped head, one beam
+    engine.speculator.proposers.register(method, proposer)
+    params = SamplingParams(max_tokens=24, temperature=0.0, speculative=str(method))
+    batched = engine.generate(PROMPTS[:3], params)
+    chains, proposer.chains = proposer.chains, None
+    try:
+        rowwise = engine.generate(PROMPTS[:3], params)
+    finally:
+        proposer.chains = chains
+    same = ("drafted_at", "accepted_at", "target_forwards")
+    for a, b in zip(batched, rowwise, strict=True):
+        assert a.token_ids == b.token_ids
+        assert {k: a.metrics.speculative[k] for k in same} == {
+            k: b.metrics.speculative[k] for k in same
+        }
+    assert sum(r.metrics.speculative["accepted_tokens"] for r in batched) > 10

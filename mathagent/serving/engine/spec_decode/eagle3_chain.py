@@ -1,0 +1,168 @@
+"""Greedy EAGLE-3 chains for a whole batch in one pass over static shapes.
+
+Each row settles again the window of its last ``T = k + 1`` committed positions (features at
+``c-T .. c-1`` paired with tokens ``c-T+1 .. c``; re-running a settled position writes the K/V
+it already holds), which covers everything a verify step can have committed, then drafts ``k``
+tokens with ``k - 1`` one-token steps of the head's layer. The shapes depend only on the batch
+bucket and ``k``, so on CUDA the whole draft is one captured graph: drafting row by row launched
+about 40 small kernels per drafted token, 4.9 ms per step against a 1 ms target step on the
+H200 (benchmarks/GPU_NOTES.md, run 19). The CPU runs the same code eagerly, attention cut at
+the batch's longest row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import Tensor
+
+from mathagent.serving.engine.spec_decode.eagle3_head import Eagle3Head, attend
+
+if TYPE_CHECKING:
+    from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
+
+
+class HeadState(Protocol):
+    """What the drafter reads of an EAGLE-3 proposer: the head and its per-slot buffers."""
+
+    head: Eagle3Head
+    dtype: torch.dtype
+    embedding: Tensor  # [V, H]
+    ids: Tensor  # [V'] target id of each draft column
+    feats: Tensor  # [slots, seq, H] fused target features by position
+    k: Tensor  # [slots, Hkv, seq, D] the layer's K/V by position
+    v: Tensor
+    cos: Tensor  # [seq, D]
+    sin: Tensor
+
+    def logits(self, out: Tensor) -> Tensor: ...
+
+
+@dataclass
+class ChainInputs:
+    """One draft's inputs: per row its slot, window start ``c - T`` and window tokens."""
+
+    packed: Tensor  # [B * (2 + T)] int64: slots, starts, then the windows row by row
+    slots: Tensor  # [B]
+    start: Tensor  # [B]
+    window: Tensor  # [B, T] tokens at c-T+1 .. c (the last one is the root)
+    causal: Tensor  # [B, T, T] int8, the window's own mask
+    single: Tensor  # [B, 1, 1] int8, a drafted token sees itself
+
+    @classmethod
+    def allocate(cls, batch: int, width: int, device: torch.device) -> ChainInputs:
+        packed = torch.zeros(batch * (2 + width), dtype=torch.long, device=device)
+        causal = torch.tril(torch.ones(width, width, dtype=torch.int8, device=device))
+        return cls(
+            packed=packed,
+            slots=packed[:batch],
+            start=packed[batch : 2 * batch],
+            window=packed[2 * batch :].view(batch, width),
+            causal=causal.expand(batch, width, width).contiguous(),
+            single=torch.ones(batch, 1, 1, dtype=torch.int8, device=device),
+        )
+
+    @staticmethod
+    def columns(slots: list[int], starts: list[int], windows: list[list[int]]) -> list[int]:
+        """The values of ``packed`` in its order."""
+        return [*slots, *starts, *(t for w in windows for t in w)]
+
+
+class Eagle3Chain:
+    """Drafts greedy chains for many rows at once; one CUDA graph per (batch bucket, k)."""
+
+    def __init__(self, proposer: HeadState, graphs: CudaGraphRunner | None) -> None:
+        self.p = proposer
+        self.graphs = graphs
+        self.device = proposer.k.device
+        self._captured: dict[tuple[int, int], tuple] = {}
+
+    def draft(
+        self, slots: list[int], starts: list[int], windows: list[list[int]], k: int
+    ) -> Tensor:
+        """Beams ``[B, 1 + k]`` (root, then the chain) for rows whose window of ``k + 1``
+        tokens starts at ``starts`` (each ``>= 0``, the row's layer settled before it)."""
+        if self.graphs is None:
+            inp = ChainInputs.allocate(len(slots), k + 1, self.device)
+            values = ChainInputs.columns(slots, starts, windows)
+            inp.packed.copy_(torch.tensor(values, dtype=torch.long))
+            return self.run(inp, k, kv_len=max(starts) + 2 * k)
+        rows = len(slots)
+        key = (self.graphs.bucket(rows), k)
+        if key not in self._captured:
+            self._capture(*key)
+        graph, inp, host, out = self._captured[key]
+        pad = key[0] - rows
+        scratch = self.graphs.scratch_slot
+        values = ChainInputs.columns(
+            slots + [scratch] * pad, starts + [0] * pad, windows + [[0] * (k + 1)] * pad
+        )
+        done = host[1]
+        if done is not None:
+            done.synchronize()  # the previous copy out of the pinned buffer has run
+        host[0].numpy()[:] = values
+        inp.packed.copy_(host[0], non_blocking=True)
+        host[1] = torch.cuda.Event()
+        host[1].record()
+        graph.replay()
+        return out[:rows].clone()  # the graph's buffer is overwritten by the next draft
+
+    def run(self, inp: ChainInputs, k: int, kv_len: int | None = None) -> Tensor:
+        """The draft itself: settle the windows, then ``k - 1`` one-token steps."""
+        p, width = self.p, inp.window.shape[1]
+        offsets = torch.arange(width, device=self.device)
+        pos = inp.start[:, None] + offsets  # [B, T]
+        hidden = p.feats[inp.slots[:, None], pos]  # [B, T, H]
+        out = self._layer(inp, p.embedding[inp.window], hidden, pos, inp.causal, kv_len)
+        last = out[:, -1:]  # [B, 1, H] the layer's output at c - 1
+        drafted = [inp.window[:, -1]]
+        for j in range(k):
+            drafted.append(p.ids[p.logits(last[:, 0]).argmax(-1)])
+            if j + 1 < k:
+                at = inp.start + (width - 1 + j + 1)  # [B] position c - 1 + (j + 1)
+                emb = p.embedding[drafted[-1]][:, None]
+                step = ChainInputs(inp.packed, inp.slots, at, inp.window, inp.causal, inp.single)
+                last = self._layer(step, emb, last, at[:, None], inp.single, kv_len)
+        return torch.stack(drafted, 1)
+
+    def _layer(
+        self, inp: ChainInputs, emb: Tensor, hidden: Tensor, pos: Tensor, tree: Tensor,
+        kv_len: int | None,
+    ) -> Tensor:  # fmt: skip
+        """The head's layer on new positions ``pos [B, T]`` (consecutive from ``inp.start``):
+        writes their K/V and attends to everything before them and causally among them."""
+        p = self.p
+        mid = p.head.midlayer
+        cos, sin = p.cos[pos][:, :, None], p.sin[pos][:, :, None]
+        residual, q, k, v = mid.project(emb, hidden.to(p.dtype), cos, sin)
+        rows = inp.slots[:, None]
+        p.k[rows, :, pos] = k.transpose(1, 2)  # [B, T, Hkv, D]
+        p.v[rows, :, pos] = v.transpose(1, 2)
+        if self.graphs is not None:
+            from mathagent.serving.engine.cuda.attention import decode_attention
+
+            att = decode_attention(q.transpose(1, 2), p.k, p.v, inp.slots, inp.start, tree)
+            return mid.finish(residual, att.transpose(1, 2))
+        assert kv_len is not None
+        seen = torch.arange(kv_len, device=self.device)[None, None, None] <= pos[:, None, :, None]
+        keys, values = p.k[inp.slots, :, :kv_len], p.v[inp.slots, :, :kv_len]
+        return mid.finish(residual, attend(q, keys, values, seen))
+
+    def _capture(self, batch: int, k: int) -> None:
+        """Warm up (Triton autotuning) and capture the draft of ``batch`` rows, ``k`` tokens."""
+        assert self.graphs is not None
+        inp = ChainInputs.allocate(batch, k + 1, self.device)
+        inp.slots.fill_(self.graphs.scratch_slot)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):
+                self.run(inp, k)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.graphs.pool), torch.inference_mode():
+            out = self.run(inp, k)
+        host = torch.zeros(inp.packed.numel(), dtype=torch.long).pin_memory()
+        self._captured[(batch, k)] = (graph, inp, [host, None], out)
