@@ -76,9 +76,12 @@ class Eagle3Proposer:
     @torch.inference_mode()
     def _sink(self, slots: list[int], write: Tensor, captured: Tensor) -> None:
         """Fuse a forward's captured hidden states [B, T, 3H] into the slots' features."""
-        fused = self.head.fc(captured.to(self.dtype))  # [B, T, H]
-        rows = torch.tensor(slots, device=write.device)[:, None].expand_as(write)
-        self.feats[rows, write] = fused
+        self.fuse(torch.tensor(slots, device=write.device), write, captured)
+
+    def fuse(self, slots: Tensor, write: Tensor, captured: Tensor) -> None:
+        """``fc`` of the captured streams [B, T, 3H] into the features of ``slots [B]`` at
+        ``write [B, T]`` (device tensors: a captured step graph calls it too)."""
+        self.feats[slots[:, None].expand_as(write), write] = self.head.fc(captured.to(self.dtype))
 
     @torch.inference_mode()
     def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
@@ -105,6 +108,36 @@ class Eagle3Proposer:
 
     def _chains(self, rows: list[SpecRow], k: int) -> list[Draft]:
         """Greedy chains of ``k`` for ``rows`` in one batched draft (one graph on CUDA)."""
+        assert self.chains is not None
+        beams = self.chains.draft(*self._windows(rows, k), k)  # [B, 1 + k]
+        drafts = []
+        for b, row in enumerate(rows):
+            drafts.append(Draft(beams[b : b + 1]))
+            row.state["beams"] = drafts[-1].beams
+        return drafts
+
+    def fused_step(
+        self, rows: list[SpecRow], k: int, sinks: int
+    ) -> tuple[list[Draft], list[list[int]], Tensor] | None:
+        """Draft, verify and accept greedy chains in one CUDA graph, when every row allows it
+        and this head is the runner's only feature sink (``sinks``); else None. Returns the
+        drafts' shapes, each row's ``[accepted, committed tokens..., -1...]`` and the target's
+        hidden state [B, H] at each row's last accepted node."""
+        fits = (
+            self.chains is not None and self.chains.fits(len(rows), k) and self.beams == 1
+            and sinks == 1 and all(r.greedy and r.seq.num_cached > k for r in rows)
+        )  # fmt: skip
+        if not fits:
+            return None
+        assert self.chains is not None
+        slots, starts, windows = self._windows(rows, k)
+        host, last = self.chains.step(slots, starts, windows, k)
+        drafts = [Draft(torch.tensor([w[-1:] + [0] * k])) for w in windows]  # shapes only
+        return drafts, host, last
+
+    def _windows(self, rows: list[SpecRow], k: int) -> tuple[list[int], list[int], list]:
+        """Each row's slot, window start and window tokens for a chain of ``k``, its layer
+        settled (eagerly, after a prefill or plain steps) up to the window's start."""
         width = k + 1  # the window a verify step of k drafts can have committed
         slots, starts, windows = [], [], []
         for row in rows:
@@ -112,19 +145,13 @@ class Eagle3Proposer:
             c = seq.num_cached
             st.pop("pending", None)  # a chain's accepted drafts are already in place
             if min(st.get("n", 0), c - 1) < c - width:
-                self._settle(row)  # after prefill or plain steps: catch up eagerly first
+                self._settle(row)
             st["n"] = c
             assert seq.slot is not None
             slots.append(seq.slot)
             starts.append(c - width)
             windows.append(seq.all_ids[c - k : c + 1])
-        assert self.chains is not None
-        beams = self.chains.draft(slots, starts, windows, k)  # [B, 1 + k]
-        drafts = []
-        for b, row in enumerate(rows):
-            drafts.append(Draft(beams[b : b + 1]))
-            row.state["beams"] = drafts[-1].beams
-        return drafts
+        return slots, starts, windows
 
     def accepted(self, row: SpecRow, old_cached: int, num_accepted: int) -> None:
         """Remember which draft was verified, so the next step can find its accepted branch."""

@@ -8,6 +8,10 @@ bucket and ``k``, so on CUDA the whole draft is one captured graph: drafting row
 about 40 small kernels per drafted token, 4.9 ms per step against a 1 ms target step on the
 H200 (benchmarks/GPU_NOTES.md, run 19). The CPU runs the same code eagerly, attention cut at
 the batch's longest row.
+
+:meth:`Eagle3Chain.step` goes one further on CUDA: drafting, the target's verify forward, the
+head's feature fusion and greedy acceptance in one graph, so a step is one host-to-device copy,
+one replay and one read of the outcome (TensorRT-LLM's one-model EAGLE-3 runs the same way).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 from torch import Tensor
 
 from mathagent.serving.engine.spec_decode.eagle3_head import Eagle3Head, attend
+from mathagent.serving.engine.spec_decode.tree_batch import TreeBatch
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
@@ -38,6 +43,8 @@ class HeadState(Protocol):
     sin: Tensor
 
     def logits(self, out: Tensor) -> Tensor: ...
+
+    def fuse(self, slots: Tensor, write: Tensor, captured: Tensor) -> None: ...
 
 
 @dataclass
@@ -89,25 +96,46 @@ class Eagle3Chain:
             values = ChainInputs.columns(slots, starts, windows)
             inp.packed.copy_(torch.tensor(values, dtype=torch.long))
             return self.run(inp, k, kv_len=max(starts) + 2 * k)
+        out = self._replay(False, slots, starts, windows, k)
+        return out[: len(slots)].clone()  # the graph's buffer is overwritten by the next draft
+
+    def fits(self, rows: int, k: int) -> bool:
+        """Whether :meth:`step` takes ``rows`` rows drafting ``k`` (a captured verify shape)."""
+        g = self.graphs
+        return g is not None and g.accepts(rows, k + 1) and g.width_bucket(k + 1) == k + 1
+
+    def step(
+        self, slots: list[int], starts: list[int], windows: list[list[int]], k: int
+    ) -> tuple[list[list[int]], Tensor]:
+        """Draft, verify and accept greedily in one graph (CUDA, :meth:`fits`): per row
+        ``[accepted, committed tokens..., -1...]`` on the host and the target's hidden state
+        ``[B, H]`` at the last accepted node. The outcome is the step's one host sync."""
+        outcome, last = self._replay(True, slots, starts, windows, k)
         rows = len(slots)
-        key = (self.graphs.bucket(rows), k)
+        return outcome[:rows].tolist(), last[:rows].clone()
+
+    def _replay(self, verify: bool, slots: list[int], starts: list[int],
+                windows: list[list[int]], k: int):  # fmt: skip
+        """Fill the captured inputs of (bucket, k, verify) from the host in one copy; replay."""
+        assert self.graphs is not None
+        rows = len(slots)
+        key = (self.graphs.bucket(rows), k, verify)
         if key not in self._captured:
             self._capture(*key)
-        graph, inp, host, out = self._captured[key]
+        graph, inp, host, out, _ = self._captured[key]
         pad = key[0] - rows
         scratch = self.graphs.scratch_slot
         values = ChainInputs.columns(
             slots + [scratch] * pad, starts + [0] * pad, windows + [[0] * (k + 1)] * pad
         )
-        done = host[1]
-        if done is not None:
-            done.synchronize()  # the previous copy out of the pinned buffer has run
+        if host[1] is not None:
+            host[1].synchronize()  # the previous copy out of the pinned buffer has run
         host[0].numpy()[:] = values
         inp.packed.copy_(host[0], non_blocking=True)
         host[1] = torch.cuda.Event()
         host[1].record()
         graph.replay()
-        return out[:rows].clone()  # the graph's buffer is overwritten by the next draft
+        return out
 
     def run(self, inp: ChainInputs, k: int, kv_len: int | None = None) -> Tensor:
         """The draft itself: settle the windows, then ``k - 1`` one-token steps."""
@@ -150,19 +178,47 @@ class Eagle3Chain:
         keys, values = p.k[inp.slots, :, :kv_len], p.v[inp.slots, :, :kv_len]
         return mid.finish(residual, attend(q, keys, values, seen))
 
-    def _capture(self, batch: int, k: int) -> None:
-        """Warm up (Triton autotuning) and capture the draft of ``batch`` rows, ``k`` tokens."""
+    def _verified(self, inp: ChainInputs, k: int, verify: object) -> tuple[Tensor, Tensor]:
+        """Draft, then verify the chains at ``c .. c+k`` (``verify``: the step's StepInputs),
+        fuse the new features and accept greedily; ``(outcome [B, 2 + k], last hidden [B, H])``."""
         assert self.graphs is not None
+        beams = self.run(inp, k)  # [B, 1 + k]
+        pos = inp.start[:, None] + (k + 1) + torch.arange(k + 1, device=self.device)
+        for name, value in (("tokens", beams), ("positions", pos), ("write", pos)):
+            getattr(verify, name).copy_(value)
+        verify.write_slot.copy_(inp.slots[:, None].expand_as(pos))
+        verify.slots.copy_(inp.slots)
+        verify.start.copy_(pos[:, 0])
+        logits, hidden, captured = self.graphs.forward(verify)
+        self.p.fuse(inp.slots, pos, captured)
+        accepted, _, tokens = TreeBatch(beams[:, None], []).greedy_accept(logits)
+        node = accepted[:, None, None].expand(-1, 1, hidden.shape[-1])
+        return torch.cat([accepted[:, None], tokens], 1), hidden.gather(1, node)[:, 0]
+
+    def _capture(self, batch: int, k: int, verify: bool) -> None:
+        """Warm up (compilation, Triton autotuning) and capture one draft (or whole step) of
+        ``batch`` rows and ``k`` drafts; padded rows work on the scratch slot."""
+        assert self.graphs is not None
+        from mathagent.serving.engine.cuda.forward import StepInputs
+
         inp = ChainInputs.allocate(batch, k + 1, self.device)
         inp.slots.fill_(self.graphs.scratch_slot)
+        inp.start.fill_(k + 1)
+        checked = StepInputs.allocate(batch, k + 1, self.device) if verify else None
+
+        def body() -> object:
+            return self._verified(inp, k, checked) if verify else self.run(inp, k)
+
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream), torch.inference_mode():
             for _ in range(2):
-                self.run(inp, k)
+                body()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.graphs.pool), torch.inference_mode():
-            out = self.run(inp, k)
+            out = body()
         host = torch.zeros(inp.packed.numel(), dtype=torch.long).pin_memory()
-        self._captured[(batch, k)] = (graph, inp, [host, None], out)
+        # the graph reads and writes ``checked`` (the verify's inputs) on every replay: it must
+        # live as long as the graph, or its freed memory is handed to other tensors
+        self._captured[(batch, k, verify)] = (graph, inp, [host, None], out, checked)

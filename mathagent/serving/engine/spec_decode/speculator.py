@@ -119,16 +119,22 @@ class Speculator:
         self._tracks = {s.request_id: self._tracks.get(s.request_id) or _Track() for s in seqs}
         start = time.perf_counter()
         rows = [self._row(s) for s in seqs]
-        drafts = self._propose(rows, k)
-        batch = TreeBatch.stack(drafts, self.runner.device)
-        self.last_depth = batch.depth
-        drafted = time.perf_counter()
-        base = [s.num_cached for s in seqs]
-        slots = [s.slot for s in seqs if s.slot is not None]
-        logits, hidden = self.runner.verify(
-            batch.tokens(), batch.node_depths(), slots, base, batch.mask()
-        )
-        host, last = self._accept(rows, drafts, batch, logits, hidden, base, slots)
+        fused = self._fused(rows, k)
+        if fused is not None:  # drafted, verified and accepted in one graph
+            drafts, host, last = fused
+            self.last_depth = k
+            drafted = start  # inside the step's graph: all of it counts as verify time
+        else:
+            drafts = self._propose(rows, k)
+            batch = TreeBatch.stack(drafts, self.runner.device)
+            self.last_depth = batch.depth
+            drafted = time.perf_counter()
+            base = [s.num_cached for s in seqs]
+            slots = [s.slot for s in seqs if s.slot is not None]
+            logits, hidden = self.runner.verify(
+                batch.tokens(), batch.node_depths(), slots, base, batch.mask()
+            )
+            host, last = self._accept(rows, drafts, batch, logits, hidden, base, slots)
         out = [
             self._commit(r, d, h, last[i])
             for i, (r, d, h) in enumerate(zip(rows, drafts, host, strict=True))
@@ -163,6 +169,18 @@ class Speculator:
                 return Sampler.probs(logits, expanded)
 
         return SpecRow(seq, track.hidden, track.state, warp)
+
+    def _fused(self, rows: list[SpecRow], k: int) -> tuple | None:
+        """The step from a proposer that drafts, verifies and accepts in one captured graph
+        (EAGLE-3 chains on CUDA), when all rows use it and it takes them; else None."""
+        methods = {self.method_of(r.seq) for r in rows}
+        proposer = self.proposer(methods.pop()) if len(methods) == 1 and k > 0 else None
+        fused_step = getattr(proposer, "fused_step", None)
+        if fused_step is None:
+            return None
+        if self.runner.lookahead is not None:
+            self.runner.lookahead.drop()  # a plain step in flight would read stale K/V
+        return fused_step(rows, k, len(self.runner.feature_sinks))
 
     def _propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
         """Group rows by method, draft, and give rows near the context end no drafts."""
