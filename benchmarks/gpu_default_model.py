@@ -119,6 +119,7 @@ def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str]
     stats = {m: SpecStats() for m in methods}
     outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
     for method in methods:  # warm-up: captures each method's graphs outside the timing
+        engine.speculator.policy = DraftPolicy(args.default_draft_len, False)  # every step drafts
         engine.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0.0,
                                                     speculative=method.split("@")[0]))  # fmt: skip
     for prompt in prompts:

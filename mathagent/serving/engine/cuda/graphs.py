@@ -49,6 +49,8 @@ class CudaGraphRunner:
         self.model = model
         self._capture = tuple(model.capture)  # the layers every captured graph keeps
         self.captured: torch.Tensor | None = None  # the latest step's kept streams [B, T, n*H]
+        self.captures = 0  # graphs captured so far (here and by drafters): a step that captured
+        # one took seconds of compilation, not what its shape costs
 
     def accepts(self, batch: int, width: int) -> bool:
         """Whether a step of this shape runs here (else the caller runs it eagerly)."""
@@ -77,6 +79,7 @@ class CudaGraphRunner:
 
     def capture(self, batch: int, width: int) -> None:
         """Compile, warm up (Triton autotuning included) and capture one step shape."""
+        self.captures += 1
         inp = StepInputs.allocate(batch, width, self.device)
         inp.slots.fill_(self.scratch_slot)
         inp.write_slot.fill_(self.scratch_slot)

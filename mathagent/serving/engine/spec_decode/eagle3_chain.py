@@ -201,6 +201,8 @@ class Eagle3Chain:
         assert self.graphs is not None
         from mathagent.serving.engine.cuda.forward import StepInputs
 
+        self.graphs.captures += 1
+
         inp = ChainInputs.allocate(batch, k + 1, self.device)
         inp.slots.fill_(self.graphs.scratch_slot)
         inp.start.fill_(k + 1)

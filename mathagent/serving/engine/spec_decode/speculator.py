@@ -95,6 +95,7 @@ class Speculator:
         # after this step has waited for it (measured on the H200: drain steps timed 2x): that
         # is not what this step costs, so it is not timed
         wasted = self._ahead is not None and (k > 0 or self._ahead != slots)
+        captures = self._captures()
         start = time.perf_counter()
         if k == 0:
             ahead = self.policy.plain_next(len(seqs))
@@ -105,9 +106,14 @@ class Speculator:
                     self._tracks[seq.request_id].hidden = None
         else:
             out, self._ahead = self.step(seqs, k), None
-        if not wasted and (k == 0 or self.last_depth > 0):
+        # a step that captured a CUDA graph spent seconds compiling: not what its shape costs
+        if not wasted and self._captures() == captures and (k == 0 or self.last_depth > 0):
             self.policy.observed(len(seqs), k, time.perf_counter() - start)
         return out
+
+    def _captures(self) -> int:
+        graphs = self.runner.graphs
+        return 0 if graphs is None else graphs.captures
 
     def step(self, seqs: list[Sequence], k: int | None = None) -> list[list[int]]:
         """Propose, verify and accept for every sequence; return each one's new tokens.
