@@ -38,18 +38,24 @@ COLD_BYTES = 192 << 20  # over three times the H200's 60 MB L2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def candidates(k: int, mp_rows: int) -> list[SkinnyConfig]:
+def candidates(k: int, mp_rows: int, dtype: str) -> list[SkinnyConfig]:
     """Broadcast-FMA tiles of 8 to 64 float32 partial sums per thread, and tl.dot tiles; 4 warps
-    only, to bound the compile count."""
+    only, to bound the compile count. Float32 tl.dot (IEEE, on FMA units) keeps whole operand
+    tiles in registers: past BLOCK_K 64 ptxas spills (24-59 KB compiling for sm_90a) and takes
+    10-60 s per kernel, so float32 tries only 64; bfloat16 stops where registers reach 255."""
+    pdl = kernels.pdl_supported()
     out = []
     for bn in (2, 4, 8, 16):
         for bk in (64, 128, 256, 512):
             fits = -(-k // bk) <= sk.MAX_UNROLL or k % bk == 0
             if fits and 8 <= mp_rows * bn * bk // 128 <= 64 and bk <= k:
-                out.append(SkinnyConfig(bn, bk, 4, False, pdl=kernels.pdl_supported()))
-    for bn, bk in ((16, 64), (16, 128), (16, 256), (32, 64), (32, 128), (32, 256), (64, 128)):
+                out.append(SkinnyConfig(bn, bk, 4, False, pdl=pdl))
+    dots = (
+        ((16, 64), (32, 64)) if dtype == "float32" else ((16, 64), (16, 128), (32, 64), (32, 128))
+    )
+    for bn, bk in dots:
         if -(-k // bk) <= sk.MAX_UNROLL or k % bk == 0:
-            out.append(SkinnyConfig(bn, bk, 4, True, pdl=kernels.pdl_supported()))
+            out.append(SkinnyConfig(bn, bk, 4, True, pdl=pdl))
     return out
 
 
@@ -108,7 +114,7 @@ def plan(model: str, dtype: str, rows_list: list[int], table_only: bool) -> dict
     for name, (n, k, _, _) in uses(model).items():
         for rows in rows_list:
             current = sk.skinny_config(n, k, DTYPES[dtype].itemsize, rows)
-            cands = [] if table_only else candidates(k, sk.bucket(rows))
+            cands = [] if table_only else candidates(k, sk.bucket(rows), dtype)
             plans[name, rows] = [current, *(c for c in cands if c != current)]
     return plans
 

@@ -58,7 +58,7 @@ if triton is not None:
         # y[M, N] = x[M, K] @ w[N, K]^T; MP: rows padded (16 for tl.dot, a power of two else).
         # IEEE: float32 operands, multiplied in full precision by tl.dot (no TF32).
         # UNROLL: the K loop is unrolled (a partial last tile allowed), else a loop over
-        # K // BLOCK_K whole tiles.
+        # K // BLOCK_K >= 2 whole tiles.
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rm = tl.arange(0, MP)
         rk = tl.arange(0, BLOCK_K)
@@ -81,11 +81,15 @@ if triton is not None:
                 w = _tile(w_ptrs, n_ok, rk, k0, K, BLOCK_K, EVICT)
                 x = _tile(x_ptrs, m_ok, rk, k0, K, BLOCK_K, "")
                 acc = _accumulate(acc, x, w, DOT, IEEE)
-        else:
-            for k0 in range(BLOCK_K, K, BLOCK_K):
-                w = tl.load(w_ptrs + k0, mask=n_ok, other=0.0, eviction_policy=EVICT)
-                x = tl.load(x_ptrs + k0, mask=m_ok, other=0.0)
+        else:  # each step requests the next tile before it multiplies (one tile ahead)
+            w = tl.load(w_ptrs + BLOCK_K, mask=n_ok, other=0.0, eviction_policy=EVICT)
+            x = tl.load(x_ptrs + BLOCK_K, mask=m_ok, other=0.0)
+            for k0 in range(2 * BLOCK_K, K, BLOCK_K):
+                w_next = tl.load(w_ptrs + k0, mask=n_ok, other=0.0, eviction_policy=EVICT)
+                x_next = tl.load(x_ptrs + k0, mask=m_ok, other=0.0)
                 acc = _accumulate(acc, x, w, DOT, IEEE)
+                w, x = w_next, x_next
+            acc = _accumulate(acc, x, w, DOT, IEEE)
         if DOT:  # noqa: SIM108 (a compile-time branch, spelled as Triton kernels spell them)
             y = acc
         else:
@@ -143,11 +147,21 @@ def skinny_config(n: int, k: int, itemsize: int, rows: int) -> SkinnyConfig:
     return cfg
 
 
+def unrolled(k: int, mp: int, cfg: SkinnyConfig) -> bool:
+    """Whether the K loop is unrolled: always for a partial last tile, else when the unrolled
+    loads fit in ~160 registers a thread. ptxas hoists every load of an unrolled loop (that is
+    the point: all tiles in flight at once), and past that it spills (sm_90a, 8B shapes)."""
+    if k % cfg.block_k or k < 2 * cfg.block_k:
+        return True
+    in_flight = k * (cfg.block_n + mp) + (0 if cfg.dot else mp * cfg.block_n * cfg.block_k)
+    return k <= MAX_UNROLL * cfg.block_k and in_flight <= 160 * 32 * cfg.num_warps
+
+
 def launch(x2: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, cfg: SkinnyConfig) -> None:
     """Run the kernel on ``x2 [M, K]`` (last stride 1) into ``y [M, N]`` (contiguous)."""
     m, (n, k) = x2.shape[0], weight.shape
     mp = MAX_ROWS if cfg.dot else bucket(m)
-    unroll = k <= MAX_UNROLL * cfg.block_k or k % cfg.block_k != 0
+    unroll = unrolled(k, mp, cfg)
     _skinny_kernel[(triton.cdiv(n, cfg.block_n),)](
         x2, weight, y, m, n, x2.stride(0), weight.stride(0), K=k, MP=mp, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, DOT=cfg.dot, IEEE=x2.dtype == torch.float32, UNROLL=unroll,
