@@ -36,6 +36,8 @@ from mathagent.serving.engine.loader import RANDOM_SHAPES
 
 COLD_BYTES = 192 << 20  # over three times the H200's 60 MB L2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ROWS = [2, 3, 4, 6, 8, 12, 16]  # the default model's; the 8B shapes' (BIG_ROWS) fewer, larger
+BIG_ROWS = [2, 6, 16]
 
 
 def candidates(k: int, mp_rows: int, dtype: str) -> list[SkinnyConfig]:
@@ -205,8 +207,8 @@ def table_lines(out: dict) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--models", nargs="+", default=["smollm2-135m:float32", "smollm2-135m:bfloat16", "llama-3-8b:bfloat16"])  # fmt: skip
-    parser.add_argument("--rows", nargs="+", type=int, default=[2, 3, 4, 6, 8, 12, 16])
-    parser.add_argument("--big-rows", nargs="+", type=int, default=[2, 6, 16], help="8B rows")
+    parser.add_argument("--rows", nargs="+", type=int, default=ROWS)
+    parser.add_argument("--big-rows", nargs="+", type=int, default=BIG_ROWS, help="8B rows")
     parser.add_argument("--chain-rows", type=int, default=6)
     parser.add_argument("--table-only", action="store_true", help="time skinny_config only")
     args = parser.parse_args()
