@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from mathagent.serving.engine.cuda import attention, fp8, kernels
+from mathagent.serving.engine.cuda import skinny as skinny_kernel
 from mathagent.serving.engine.model import Transformer
 from mathagent.serving.engine.quant import Fp8Linear
 
@@ -75,17 +76,24 @@ def linear(
     weight: Weight,
     fast: frozenset[tuple[int, int]],
     bias: torch.Tensor | None = None,
+    skinny: frozenset[tuple[int, int, int]] = frozenset(),
 ) -> torch.Tensor:
-    """``F.linear``, through the Triton GEMV for one row when ``fast`` holds the weight's shape;
+    """``F.linear``, through the Triton GEMV for one row when ``fast`` holds the weight's shape,
+    through the Triton skinny product for 2..16 rows when ``skinny`` holds (N, K, row bucket);
     an FP8 weight goes to its GEMV at one row, to the FP8 tensor cores at more."""
     if isinstance(weight, tuple):
         one_row = x.numel() == x.shape[-1] and gemv_ok(weight, fast)
         y = fp8.gemv(x, *weight) if one_row else fp8.linear(x, *weight)
         return y if bias is None else y + bias
-    if x.numel() == x.shape[-1] and tuple(weight.shape) in fast:
+    rows = x.numel() // x.shape[-1]
+    rows_bucket = skinny_kernel.bucket(rows)  # 0 outside 2..16 rows
+    if rows == 1 and tuple(weight.shape) in fast:
         y = kernels.gemv(x, weight)
-        return y if bias is None else y + bias
-    return F.linear(x, weight, bias)
+    elif rows_bucket and (*weight.shape, rows_bucket) in skinny:
+        y = skinny_kernel.skinny(x, weight)
+    else:
+        return F.linear(x, weight, bias)
+    return y if bias is None else y + bias
 
 
 def gemv_ok(weight: Weight, fast: frozenset[tuple[int, int]]) -> bool:
@@ -130,6 +138,7 @@ class LayerShape:
     inter: int
     eps: float
     fast: frozenset[tuple[int, int]]  # weight shapes where the Triton GEMV beats cuBLAS
+    skinny: frozenset[tuple[int, int, int]] = frozenset()  # (N, K, rows bucket): skinny wins
 
 
 def layer_weights(block: torch.nn.Module) -> tuple[torch.Tensor | None, ...]:
@@ -168,7 +177,7 @@ def layer_step(
         qkv = gemv(h, wqkv, norm=ln1, eps=eps)
         qkv = qkv if bqkv is None else qkv + bqkv
     else:
-        qkv = linear(rms_norm(h, ln1, eps), wqkv, shape.fast, bqkv)
+        qkv = linear(rms_norm(h, ln1, eps), wqkv, shape.fast, bqkv, shape.skinny)
     if q_norm is None or k_norm is None:  # rotary and the K/V write run in the attention
         o = attention.rope_attention(qkv, k_cache, v_cache, inp.slots, inp.start, inp.tree,
                                         inp.positions, cos, sin, nh)  # fmt: skip
@@ -186,9 +195,11 @@ def layer_step(
         h = gemv(o, wo, residual=h)
         gate_up = gemv(h, w13, norm=ln2, eps=eps)
         return gemv(gate_up, w2, residual=h, silu_mul=True), None
-    h = h + linear(o, wo, shape.fast)
-    gate, up = linear(rms_norm(h, ln2, eps), w13, shape.fast).split(shape.inter, dim=-1)
-    return h, linear(F.silu(gate) * up, w2, shape.fast)
+    h = h + linear(o, wo, shape.fast, skinny=shape.skinny)
+    gate, up = linear(rms_norm(h, ln2, eps), w13, shape.fast, skinny=shape.skinny).split(
+        shape.inter, dim=-1
+    )
+    return h, linear(F.silu(gate) * up, w2, shape.fast, skinny=shape.skinny)
 
 
 class CudaForward:
@@ -200,7 +211,7 @@ class CudaForward:
         self.weights = [layer_weights(block) for block in model.layers]
         self.shape = LayerShape(
             args.num_heads, args.num_kv_heads, args.head_dim, args.intermediate_size,
-            args.rms_norm_eps, self._fast_shapes(),
+            args.rms_norm_eps, self._fast_shapes(), self._skinny_shapes(),
         )  # fmt: skip
         self.k, self.v = cache.k, cache.v  # [L, S, Hkv, max_seq, D]
         self.cos, self.sin = cos, sin  # [max_seq, D] in the model dtype
@@ -208,12 +219,26 @@ class CudaForward:
         self.layer = torch.compile(layer_step, fullgraph=True, dynamic=False)
         self.head = torch.compile(self._head, fullgraph=True, dynamic=False)
 
+    def _product_weights(self) -> list[torch.Tensor]:
+        """One layer's plain (not FP8) product weights and the head's."""
+        weights = [w for w in self.weights[0] if isinstance(w, torch.Tensor) and w.dim() == 2]
+        return [*weights, self.model.output.weight]
+
     def _fast_shapes(self) -> frozenset[tuple[int, int]]:
         """The weight shapes whose one-row products go to the Triton GEMV (measured)."""
-        weights = [w for w in self.weights[0] if isinstance(w, torch.Tensor) and w.dim() == 2]
-        weights.append(self.model.output.weight)
         return frozenset(
-            tuple(w.shape) for w in weights if kernels.gemv_fits(w) and kernels.gemv_preferred(w)
+            tuple(w.shape)
+            for w in self._product_weights()
+            if kernels.gemv_fits(w) and kernels.gemv_preferred(w)
+        )
+
+    def _skinny_shapes(self) -> frozenset[tuple[int, int, int]]:
+        """(N, K, rows bucket) whose 2..16-row products go to the Triton skinny product (where
+        the sweep measured it faster than cuBLAS: ``skinny.SKINNY_CONFIGS``)."""
+        return frozenset(
+            (*w.shape, rows)
+            for w in self._product_weights()
+            for rows in skinny_kernel.skinny_buckets(w)
         )
 
     def _head(
@@ -221,7 +246,8 @@ class CudaForward:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         norm = self.model.norm
         hidden = rms_norm(h if delta is None else h + delta, norm.weight, norm.eps)
-        return linear(hidden, self.model.output.weight, self.shape.fast).float(), hidden
+        out = linear(hidden, self.model.output.weight, self.shape.fast, skinny=self.shape.skinny)
+        return out.float(), hidden
 
     def __call__(self, inp: StepInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``(logits, hidden, captured)``: ``captured [B, T, len * H]`` holds the residual

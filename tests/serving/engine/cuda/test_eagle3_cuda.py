@@ -116,3 +116,26 @@ def test_batched_chain_graphs_draft_as_eager_for_padded_batches(model) -> None:
         assert {k: g.metrics.speculative[k] for k in same} == {
             k: e.metrics.speculative[k] for k in same
         }
+
+
+def test_eagle3_with_skinny_products_equals_plain(model) -> None:
+    """Every 2..16-row product of the graphs on the Triton skinny kernel (whatever its measured
+    table holds): the engine's speculative greedy output stays plain greedy."""
+    import dataclasses
+
+    from mathagent.serving.engine.sampling_params import SamplingParams
+
+    engine, _ = _engine(model, eager=False)
+    forward = engine.runner.graphs.forward
+    shapes = {tuple(w.shape) for w in forward._product_weights()}
+    every = frozenset((n, k, b) for n, k in shapes for b in (2, 4, 8, 16))
+    forward.shape = dataclasses.replace(forward.shape, skinny=every)  # graphs capture lazily
+    prompt = torch.randint(0, 2048, (9,), generator=torch.Generator().manual_seed(13)).tolist()
+    plain = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    spec = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, speculative=METHOD)
+    reference = engine.generate([prompt], plain)[0].token_ids
+    out = engine.generate([prompt], spec)[0]
+    model.capture = ()
+    assert out.token_ids == reference
+    assert out.metrics.speculative["drafted_tokens"] > 0
+    assert any(width > 1 for _, width in engine.runner.graphs.graphs), "no verify graph"

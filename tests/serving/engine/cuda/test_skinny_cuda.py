@@ -1,0 +1,148 @@
+"""The Triton skinny product (2..16 rows) against cuBLAS, and the CUDA path that uses it.
+
+Runs only where CUDA and Triton exist; skips on CPU. Shapes are the default model's
+(SmolLM2-135M, from ``loader.RANDOM_SHAPES``) and one of Llama-3-8B's (w2, 4096 x 14336).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mathagent.serving.engine.cuda import kernels as cuda_kernels
+from mathagent.serving.engine.loader import RANDOM_SHAPES
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not cuda_kernels.available(), reason="needs a CUDA device and Triton"),
+]
+
+ROWS = (2, 3, 6, 12, 16)
+
+
+def product_shapes(name: str) -> list[tuple[int, int]]:
+    """(N, K) of a model's qkv, wo, w13, w2 and head weights."""
+    c = RANDOM_SHAPES[name]
+    h, inter, hd = c["hidden_size"], c["intermediate_size"], c["hidden_size"] // c["num_attention_heads"]  # fmt: skip
+    qkv = (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * hd
+    return [(qkv, h), (h, h), (2 * inter, h), (h, inter), (c["vocab_size"], h)]
+
+
+SHAPES = [*product_shapes("smollm2-135m"), (4096, 14336)]
+
+
+def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_skinny_matches_linear(shape, dtype):
+    from mathagent.serving.engine.cuda import skinny as sk
+
+    torch.manual_seed(0)
+    n, k = shape
+    w = torch.randn(n, k, device="cuda", dtype=dtype)
+    for rows in ROWS:
+        x = torch.randn(rows, k, device="cuda", dtype=dtype)
+        ref = F.linear(x.double(), w.double())
+        y = sk.skinny(x, w)
+        if dtype == torch.float32:  # IEEE float32: as close to float64 as cuBLAS is
+            assert max_rel(y, ref) < 2e-6
+            assert max_rel(y, F.linear(x, w)) < 2e-6
+        else:  # one bfloat16 rounding of the output
+            assert max_rel(y, ref) < 8e-3
+
+
+@pytest.mark.parametrize("dot", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_kernel_forms_and_layouts(dot, dtype):
+    """FMA and tl.dot forms, unrolled and looped K, [B, T, K] input with a row stride."""
+    from mathagent.serving.engine.cuda import skinny as sk
+
+    torch.manual_seed(1)
+    for k, block_k in ((576, 128), (4096, 128)):  # 576: a partial last tile; 4096: a loop
+        w = torch.randn(1000, k, device="cuda", dtype=dtype)
+        cfg = sk.SkinnyConfig(16 if dot else 4, block_k, 4, dot, pdl=cuda_kernels.pdl_supported())
+        for rows in ROWS:
+            wide = torch.randn(rows, 2 * k, device="cuda", dtype=dtype)
+            x = wide[:, :k]  # row stride 2K
+            y = torch.empty(rows, 1000, device="cuda", dtype=dtype)
+            sk.launch(x, w, y, cfg)
+            tol = 2e-6 if dtype == torch.float32 else 8e-3
+            assert max_rel(y, F.linear(x.double(), w.double())) < tol
+    x3 = torch.randn(2, 3, k, device="cuda", dtype=dtype)
+    assert sk.skinny(x3, w).shape == (2, 3, 1000)
+    assert max_rel(sk.skinny(x3, w), F.linear(x3.double(), w.double())) < tol
+
+
+def test_skinny_replays_in_a_cuda_graph():
+    from mathagent.serving.engine.cuda import skinny as sk
+
+    w = torch.randn(960, 576, device="cuda")
+    x = torch.randn(6, 576, device="cuda")
+    sk.skinny(x, w)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = sk.skinny(x, w)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    assert max_rel(y, F.linear(x.double(), w.double())) < 2e-6
+
+
+@pytest.fixture(scope="module")
+def runners():
+    """Eager and CUDA-path runners over a 2-layer float32 model of the default model's widths,
+    the CUDA one with every 2..16-row product on the skinny kernel."""
+    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.model import ModelArgs, Transformer
+    from mathagent.serving.engine.model_runner import ModelRunner
+
+    torch.manual_seed(0)
+    shape = dict(RANDOM_SHAPES["smollm2-135m"], vocab_size=4096, num_hidden_layers=2)
+    model = Transformer(ModelArgs.from_hf_config(shape)).to("cuda").eval()
+    for p in model.parameters():
+        p.data.normal_(0.0, 0.08)
+    common = dict(model=None, device=torch.device("cuda"), dtype=torch.float32, max_batch_size=4,
+                  max_seq_len=256, speculative="none", draft_len=4, draft_beams=1, threads=None)  # fmt: skip
+    eager = ModelRunner(model, EngineConfig(eager=True, **common))
+    fast = ModelRunner(model, EngineConfig(eager=False, **common))
+    forward = fast.graphs.forward
+    weights = [*product_shapes("smollm2-135m")[:4], (4096, 576)]  # the head at vocab 4096
+    every = frozenset((n, k, b) for n, k in weights for b in (2, 4, 8, 16))
+    forward.shape = dataclasses.replace(forward.shape, skinny=every)  # before any capture
+    return eager, fast
+
+
+def test_speculative_verify_on_skinny_equals_plain_greedy(runners):
+    """Verify steps of 4 tokens (rows 4) on the skinny kernel accept exactly plain greedy."""
+    eager, fast = runners
+    dev = fast.device
+    prompt = torch.randint(0, 4096, (16,), generator=torch.Generator().manual_seed(4)).tolist()
+
+    def forward(runner, tokens, start):
+        pos = (start + torch.arange(len(tokens), device=dev))[None]
+        return runner.forward(torch.tensor([tokens], device=dev), pos, [1])[0][0]
+
+    plain = [int(forward(fast, prompt, 0)[-1].argmax())]
+    for i in range(29):
+        plain.append(int(forward(fast, [plain[-1]], len(prompt) + i)[-1].argmax()))
+    ref = [int(forward(eager, prompt, 0)[-1].argmax())]
+    for i in range(29):
+        ref.append(int(forward(eager, [ref[-1]], len(prompt) + i)[-1].argmax()))
+    assert plain == ref
+    out = [plain[0]]
+    while len(out) < len(plain):
+        i = len(out) - 1
+        draft = [*plain[i + 1 : i + 4], 0, 0, 0][:3]
+        draft[len(out) % 3] = (draft[len(out) % 3] + 1) % 4096
+        logits = forward(fast, [out[-1], *draft], len(prompt) + i)
+        target = logits.argmax(-1).tolist()
+        taken = 0
+        while taken < 3 and draft[taken] == target[taken]:
+            taken += 1
+        out += target[: taken + 1]
+    assert out[: len(plain)] == plain
