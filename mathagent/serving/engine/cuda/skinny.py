@@ -114,8 +114,38 @@ class SkinnyConfig:
 # (N, K, bytes per weight value, row bucket) the fastest launch shape, listed only where it beat
 # cuBLAS. The table is also the dispatch rule (skinny_buckets): measured once by the sweep
 # rather than timed at every engine start, so start-up compiles nothing extra and a float32
-# model's products take the same kernels (the same rounding) on every run.
-SKINNY_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {}
+# model's products take the same kernels (the same rounding) on every run. Measured in run 24
+# (`skinny_sweep.py --models smollm2-135m:float32 smollm2-135m:bfloat16`,
+# benchmarks/skinny_sweep_h200.json): the default model's shapes, microseconds against cuBLAS.
+SKINNY_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {
+    (960, 576, 4, 2): SkinnyConfig(2, 512, 4, False),  # 3.7 vs 5.0 us
+    (960, 576, 4, 4): SkinnyConfig(4, 512, 4, False),  # 4.2 vs 6.5 us
+    (960, 576, 4, 8): SkinnyConfig(2, 512, 4, False),  # 4.2 vs 6.9 us
+    (960, 576, 4, 16): SkinnyConfig(2, 256, 4, False),  # 6.2 vs 11.3 us
+    (576, 576, 4, 2): SkinnyConfig(8, 256, 4, False),  # 2.9 vs 10.0 us
+    (576, 576, 4, 4): SkinnyConfig(4, 512, 4, False),  # 4.0 vs 10.0 us
+    (576, 576, 4, 8): SkinnyConfig(2, 512, 4, False),  # 4.1 vs 9.1 us
+    (576, 576, 4, 16): SkinnyConfig(2, 256, 4, False),  # 6.1 vs 10.1 us
+    (3072, 576, 4, 2): SkinnyConfig(8, 512, 4, False),  # 4.6 vs 6.0 us
+    (3072, 576, 4, 4): SkinnyConfig(8, 256, 4, False),  # 5.9 vs 7.4 us
+    (3072, 576, 4, 8): SkinnyConfig(16, 64, 4, False),  # 6.5 vs 7.8 us
+    (3072, 576, 4, 16): SkinnyConfig(8, 64, 4, False),  # 10.1 vs 12.4 us
+    (576, 1536, 4, 2): SkinnyConfig(4, 512, 4, False),  # 3.8 vs 15.0 us
+    (576, 1536, 4, 4): SkinnyConfig(4, 512, 4, False),  # 4.1 vs 12.5 us
+    (576, 1536, 4, 8): SkinnyConfig(2, 512, 4, False),  # 4.4 vs 14.2 us
+    (576, 1536, 4, 16): SkinnyConfig(2, 128, 4, False),  # 9.5 vs 13.6 us
+    (49152, 576, 4, 2): SkinnyConfig(16, 64, 4, False),  # 35.3 vs 38.4 us
+    (49152, 576, 4, 4): SkinnyConfig(16, 64, 4, False),  # 42.4 vs 53.2 us
+    (49152, 576, 4, 8): SkinnyConfig(16, 32, 4, False),  # 52.3 vs 56.1 us
+    (960, 576, 2, 2): SkinnyConfig(4, 256, 4, False),  # 2.7 vs 4.1 us
+    (960, 576, 2, 4): SkinnyConfig(4, 256, 4, False),  # 3.7 vs 3.9 us
+    (576, 576, 2, 2): SkinnyConfig(4, 512, 4, False),  # 2.3 vs 3.5 us
+    (576, 576, 2, 4): SkinnyConfig(8, 256, 4, False),  # 3.1 vs 3.6 us
+    (3072, 576, 2, 2): SkinnyConfig(2, 512, 4, False),  # 3.7 vs 4.1 us
+    (576, 1536, 2, 2): SkinnyConfig(8, 512, 4, False),  # 3.1 vs 5.2 us
+    (576, 1536, 2, 4): SkinnyConfig(2, 512, 4, False),  # 3.6 vs 5.2 us
+    (576, 1536, 2, 8): SkinnyConfig(2, 512, 4, False),  # 4.7 vs 5.1 us
+}  # fmt: skip
 
 
 def bucket(rows: int) -> int:

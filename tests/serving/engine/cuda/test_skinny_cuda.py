@@ -72,7 +72,7 @@ def test_both_kernel_forms_and_layouts(dot, dtype):
             x = wide[:, :k]  # row stride 2K
             y = torch.empty(rows, 1000, device="cuda", dtype=dtype)
             sk.launch(x, w, y, cfg)
-            tol = 2e-6 if dtype == torch.float32 else 8e-3
+            tol = 4e-6 if dtype == torch.float32 else 8e-3  # float32 over 4096 terms: ~2e-6
             assert max_rel(y, F.linear(x.double(), w.double())) < tol
     x3 = torch.randn(2, 3, k, device="cuda", dtype=dtype)
     assert sk.skinny(x3, w).shape == (2, 3, 1000)
