@@ -49,6 +49,11 @@ class ModelRunner:
         self.sin = sin.to(config.device, config.dtype)
         self.kv_positions = torch.arange(config.max_seq_len, device=config.device)  # [max_seq]
         self.sampler = Sampler()
+        if config.device.type == "cuda":
+            # torch 2.11 sends masked bf16 SDPA (prefill, the EAGLE-3 head's catch-up) to cuDNN
+            # first, which builds an execution plan per new length: ~0.25 s per prompt length on
+            # the H200 (benchmarks/GPU_NOTES.md run 25; FunASR#3704 saw 0.44 s on a B200)
+            torch.backends.cuda.enable_cudnn_sdp(False)
         # Compilation lives here only, so eager and compiled runs can be compared. On CUDA,
         # decode and verify steps replay CUDA graphs; prefill (many tokens) stays eager.
         self.graphs: CudaGraphRunner | None = None
