@@ -84,7 +84,7 @@ class Eagle3Chain:
         self.p = proposer
         self.graphs = graphs
         self.device = proposer.k.device
-        self._captured: dict[tuple[int, int], tuple] = {}
+        self._captured: dict[tuple[int, int, bool], tuple] = {}  # (bucket, k, whole step)
 
     def draft(
         self, slots: list[int], starts: list[int], windows: list[list[int]], k: int
