@@ -117,23 +117,30 @@ class Eagle3Proposer:
         return drafts
 
     def fused_step(
-        self, rows: list[SpecRow], k: int, sinks: int
+        self, rows: list[SpecRow], k: int, sinks: int, ahead: bool = False
     ) -> tuple[list[Draft], list[list[int]], Tensor] | None:
         """Draft, verify and accept greedy chains in one CUDA graph, when every row allows it
         and this head is the runner's only feature sink (``sinks``); else None. Returns the
         drafts' shapes, each row's ``[accepted, committed tokens..., -1...]`` and the target's
-        hidden state [B, H] at each row's last accepted node."""
+        hidden state [B, H] at each row's last accepted node. ``ahead``: launch the same rows'
+        next step before reading this one (:meth:`Eagle3Chain.step`)."""
         fits = (
             self.chains is not None and self.chains.fits(len(rows), k) and self.beams == 1
             and sinks == 1 and all(r.greedy and r.seq.num_cached > k for r in rows)
         )  # fmt: skip
         if not fits:
+            self.drop_ahead()
             return None
         assert self.chains is not None
         slots, starts, windows = self._windows(rows, k)
-        host, last = self.chains.step(slots, starts, windows, k)
+        host, last = self.chains.step(slots, starts, windows, k, ahead)
         drafts = [Draft(torch.tensor([w[-1:] + [0] * k])) for w in windows]  # shapes only
         return drafts, host, last
+
+    def drop_ahead(self) -> None:
+        """Forget a step launched ahead: the next step is not the one it guessed."""
+        if self.chains is not None:
+            self.chains.drop()
 
     def _windows(self, rows: list[SpecRow], k: int) -> tuple[list[int], list[int], list]:
         """Each row's slot, window start and window tokens for a chain of ``k``, its layer

@@ -12,6 +12,9 @@ the batch's longest row.
 :meth:`Eagle3Chain.step` goes one further on CUDA: drafting, the target's verify forward, the
 head's feature fusion and greedy acceptance in one graph, so a step is one host-to-device copy,
 one replay and one read of the outcome (TensorRT-LLM's one-model EAGLE-3 runs the same way).
+The graph also advances its own inputs to the next step's (window start and tokens from the
+accepted count), so the host can launch step n + 1 before it reads step n: the ~0.5 ms of host
+work between steps (commit, stop checks, scheduling) then overlaps the device's next step.
 """
 
 from __future__ import annotations
@@ -77,6 +80,26 @@ class ChainInputs:
         return [*slots, *starts, *(t for w in windows for t in w)]
 
 
+@dataclass
+class _Launch:
+    """One replayed step: where its outcome lands and, for a step launched ahead, the inputs
+    it ran on once the host knows them."""
+
+    key: tuple[int, int, bool]
+    host: Tensor  # [bucket, 2 + k] pinned copy of the outcome
+    last: Tensor  # [rows, H] the hidden state at each row's last accepted node
+    done: torch.cuda.Event
+    expect: tuple | None = None  # (slots, starts, windows)
+
+
+def advanced(starts: list[int], windows: list[list[int]], outcome: list[list[int]]) -> tuple:
+    """The window starts and tokens of the step after one whose outcome rows are ``[accepted,
+    committed tokens..., -1...]`` (the host's copy of what the graph computes)."""
+    width = len(windows[0]) if windows else 0
+    nxt = [(w + o[1 : o[0] + 2])[-width:] for w, o in zip(windows, outcome, strict=True)]
+    return [s + o[0] + 1 for s, o in zip(starts, outcome, strict=True)], nxt
+
+
 class Eagle3Chain:
     """Drafts greedy chains for many rows at once; one CUDA graph per (batch bucket, k)."""
 
@@ -85,6 +108,8 @@ class Eagle3Chain:
         self.graphs = graphs
         self.device = proposer.k.device
         self._captured: dict[tuple[int, int, bool], tuple] = {}  # (bucket, k, whole step)
+        self._ahead: _Launch | None = None  # a whole step launched before its inputs were read
+        self.claimed = 0  # steps launched ahead and then used (tests and benchmarks read it)
 
     def draft(
         self, slots: list[int], starts: list[int], windows: list[list[int]], k: int
@@ -105,14 +130,45 @@ class Eagle3Chain:
         return g is not None and g.accepts(rows, k + 1) and g.width_bucket(k + 1) == k + 1
 
     def step(
-        self, slots: list[int], starts: list[int], windows: list[list[int]], k: int
-    ) -> tuple[list[list[int]], Tensor]:
+        self, slots: list[int], starts: list[int], windows: list[list[int]], k: int,
+        ahead: bool = False,
+    ) -> tuple[list[list[int]], Tensor]:  # fmt: skip
         """Draft, verify and accept greedily in one graph (CUDA, :meth:`fits`): per row
         ``[accepted, committed tokens..., -1...]`` on the host and the target's hidden state
-        ``[B, H]`` at the last accepted node. The outcome is the step's one host sync."""
-        outcome, last = self._replay(True, slots, starts, windows, k)
+        ``[B, H]`` at the last accepted node. The outcome is the step's one host sync; with
+        ``ahead`` the next step of the same rows is launched before it (each row must have
+        room for ``2 (k + 1)`` more positions)."""
         rows = len(slots)
-        return outcome[:rows].tolist(), last[:rows].clone()
+        key = (self.graphs.bucket(rows), k, True) if self.graphs is not None else None
+        launch, self._ahead = self._ahead, None
+        if launch is None or launch.key != key or launch.expect != (slots, starts, windows):
+            self._replay(True, slots, starts, windows, k)
+            launch = self._collect(key, rows)
+        else:
+            self.claimed += 1
+        if ahead:
+            self._captured[key][0].replay()  # on the inputs the last replay advanced
+            self._ahead = self._collect(key, rows)
+        launch.done.synchronize()
+        outcome = launch.host[:rows].tolist()
+        if self._ahead is not None:
+            self._ahead.expect = (slots, *advanced(starts, windows, outcome))
+        return outcome, launch.last
+
+    def drop(self) -> None:
+        """Forget a step launched ahead (the batch changed, or the next step is not this one)."""
+        self._ahead = None
+
+    def _collect(self, key: tuple, rows: int) -> _Launch:
+        """Queue the copy of the last replay's outcome out of the graph's buffers (the next
+        replay overwrites them) into one of two pinned buffers used in turn."""
+        _, _, _, (outcome, last), _, pinned = self._captured[key]
+        pinned.reverse()
+        host = pinned[0]
+        host.copy_(outcome, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return _Launch(key, host, last[:rows].clone(), done)
 
     def _replay(self, verify: bool, slots: list[int], starts: list[int],
                 windows: list[list[int]], k: int):  # fmt: skip
@@ -122,7 +178,7 @@ class Eagle3Chain:
         key = (self.graphs.bucket(rows), k, verify)
         if key not in self._captured:
             self._capture(*key)
-        graph, inp, host, out, _ = self._captured[key]
+        graph, inp, host, out = self._captured[key][:4]
         pad = key[0] - rows
         scratch = self.graphs.scratch_slot
         values = ChainInputs.columns(
@@ -193,7 +249,20 @@ class Eagle3Chain:
         self.p.fuse(inp.slots, pos, captured)
         accepted, _, tokens = TreeBatch(beams[:, None], []).greedy_accept(logits)
         node = accepted[:, None, None].expand(-1, 1, hidden.shape[-1])
-        return torch.cat([accepted[:, None], tokens], 1), hidden.gather(1, node)[:, 0]
+        outcome = torch.cat([accepted[:, None], tokens], 1)
+        self._advance(inp, accepted, tokens)
+        return outcome, hidden.gather(1, node)[:, 0]
+
+    def _advance(self, inp: ChainInputs, accepted: Tensor, tokens: Tensor) -> None:
+        """Turn ``inp`` into the next step's inputs (what :func:`advanced` computes on the
+        host); padded rows, on the scratch slot, stay where they are."""
+        assert self.graphs is not None
+        width = inp.window.shape[1]
+        real = (inp.slots != self.graphs.scratch_slot).long()
+        cols = (accepted + 1)[:, None] * real[:, None] + torch.arange(width, device=self.device)
+        window = torch.cat([inp.window, tokens.clamp(min=0)], 1).gather(1, cols)
+        inp.start.add_((accepted + 1) * real)
+        inp.window.copy_(window)
 
     def _capture(self, batch: int, k: int, verify: bool) -> None:
         """Warm up (compilation, Triton autotuning) and capture one draft (or whole step) of
@@ -221,6 +290,9 @@ class Eagle3Chain:
         with torch.cuda.graph(graph, pool=self.graphs.pool), torch.inference_mode():
             out = body()
         host = torch.zeros(inp.packed.numel(), dtype=torch.long).pin_memory()
+        pinned = None  # two pinned outcome buffers of a whole step, used in turn
+        if verify:
+            pinned = [torch.zeros(out[0].shape, dtype=torch.long).pin_memory() for _ in range(2)]
         # the graph reads and writes ``checked`` (the verify's inputs) on every replay: it must
         # live as long as the graph, or its freed memory is handed to other tensors
-        self._captured[(batch, k, verify)] = (graph, inp, [host, None], out, checked)
+        self._captured[(batch, k, verify)] = (graph, inp, [host, None], out, checked, pinned)

@@ -110,7 +110,11 @@ class DraftPolicy:
     def plain_next(self, batch: int) -> bool:
         """Whether the next step of ``batch`` rows will be plain (so a plain step may launch its
         successor ahead); changes nothing."""
-        return self._plan(bucket(batch))[0] == 0
+        return self.next_len(batch) == 0
+
+    def next_len(self, batch: int) -> int:
+        """The draft length the next step of ``batch`` rows will take; changes nothing."""
+        return self._plan(bucket(batch))[0]
 
     def _plan(self, b: int) -> tuple[int, str]:
         """The next step's draft length at bucket ``b`` and why; changes nothing."""

@@ -62,7 +62,9 @@ class Speculator:
         self.stats = SpecStats()
         self.policy = DraftPolicy(draft_len, adaptive)
         self.last_depth = 0  # drafts per beam of the latest speculative step
-        self._ahead: list[int | None] | None = None  # slots a plain step launched its successor for
+        # (requests, draft length) of a step launched ahead: by a plain step (0) or a fused one
+        self._ahead: tuple[list[str], int] | None = None
+        self._fused_by: Proposer | None = None  # the proposer holding a fused step launched ahead
         self._tracks: dict[str, _Track] = {}
 
     def proposer(self, method: SpecMethod) -> Proposer | None:
@@ -90,22 +92,26 @@ class Speculator:
         k = self.policy.choose(len(seqs))
         if k and any(s.num_cached + 1 + self.beams * k > self.runner.max_seq_len for s in seqs):
             k = 0  # a row near the context end has no room for a verify step's nodes
-        slots = [s.slot for s in seqs]
-        # a step launched ahead for other rows, or ahead of a speculative step, is thrown away
+        ids = [s.request_id for s in seqs]
+        # a step launched ahead for other rows, or of another draft length, is thrown away
         # after this step has waited for it (measured on the H200: drain steps timed 2x): that
         # is not what this step costs, so it is not timed
-        wasted = self._ahead is not None and (k > 0 or self._ahead != slots)
+        wasted = self._ahead is not None and self._ahead != (ids, k)
+        if wasted and self._fused_by is not None:
+            self._fused_by.drop_ahead()  # type: ignore[attr-defined]
+        self._fused_by = None
         captures = self._captures()
         start = time.perf_counter()
         if k == 0:
             ahead = self.policy.plain_next(len(seqs))
             out = [[t] for t in plain(seqs, ahead)]
-            self._ahead = slots if ahead else None
+            self._ahead = (ids, 0) if ahead else None
             for seq in seqs:  # a drafter's hidden state is now behind: the next step refreshes it
                 if seq.request_id in self._tracks:
                     self._tracks[seq.request_id].hidden = None
         else:
-            out, self._ahead = self.step(seqs, k), None
+            self._ahead = None
+            out = self.step(seqs, k)
         # a step that captured a CUDA graph spent seconds compiling: not what its shape costs
         if not wasted and self._captures() == captures and (k == 0 or self.last_depth > 0):
             self.policy.observed(len(seqs), k, time.perf_counter() - start)
@@ -186,7 +192,21 @@ class Speculator:
             return None
         if self.runner.lookahead is not None:
             self.runner.lookahead.drop()  # a plain step in flight would read stale K/V
-        return fused_step(rows, k, len(self.runner.feature_sinks))
+        ahead = self._may_launch_ahead([r.seq for r in rows], k)
+        out = fused_step(rows, k, len(self.runner.feature_sinks), ahead)
+        if out is not None and ahead:
+            self._ahead, self._fused_by = ([r.seq.request_id for r in rows], k), proposer
+        return out
+
+    def _may_launch_ahead(self, seqs: list[Sequence], k: int) -> bool:
+        """Whether a fused step may launch the same rows' next step before it is read: the
+        policy will pick ``k`` again, and no row can finish or run out of room in this step
+        (its successor would be thrown away)."""
+        room = self.runner.max_seq_len - 2 * (k + 1)
+        return self.policy.next_len(len(seqs)) == k and all(
+            s.num_cached < room and s.params.max_tokens - len(s.output_ids) > 2 * (k + 1)
+            for s in seqs
+        )
 
     def _propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
         """Group rows by method, draft, and give rows near the context end no drafts."""

@@ -139,3 +139,27 @@ def test_eagle3_with_skinny_products_equals_plain(model) -> None:
     assert out.token_ids == reference
     assert out.metrics.speculative["drafted_tokens"] > 0
     assert any(width > 1 for _, width in engine.runner.graphs.graphs), "no verify graph"
+
+
+def test_steps_launched_ahead_are_claimed_and_dropped_without_changing_output(model) -> None:
+    """Fused steps launch their successor before the host reads them; rows that leave at
+    different lengths change the batch, so some launched steps are thrown away. Output stays
+    plain greedy, and most steps were ones launched ahead."""
+    from mathagent.serving.engine.sampling_params import SamplingParams
+
+    gen = torch.Generator().manual_seed(17)
+    prompts = [torch.randint(0, 2048, (n,), generator=gen).tolist() for n in (8, 11, 6)]
+    lengths = (40, 26, 33)
+    plain = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lengths]
+    spec = [p.model_copy(update={"speculative": METHOD}) for p in plain]
+    engine, proposer = _engine(model, eager=False)
+    reference = [r.token_ids for r in engine.generate(prompts, plain)]
+    single = engine.generate([prompts[0]], spec[0])[0]
+    claimed_single = proposer.chains.claimed
+    out = engine.generate(prompts, spec)
+    model.capture = ()
+    assert single.token_ids == reference[0]
+    assert [r.token_ids for r in out] == reference
+    steps = single.metrics.speculative["target_forwards"]
+    assert claimed_single >= steps // 2, f"{claimed_single} of {steps} steps were launched ahead"
+    assert proposer.chains.claimed > claimed_single
