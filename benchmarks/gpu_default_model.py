@@ -31,6 +31,7 @@ from mathagent.config import EngineSettings, Settings
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.sampling_params import SamplingParams
+from mathagent.serving.engine.spec_config import embedded_method
 from mathagent.serving.engine.spec_decode.policy import DraftPolicy
 from mathagent.serving.engine.spec_decode.stats import SpecStats
 
@@ -115,7 +116,7 @@ def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str]
     modes = ["auto", "fixed"] if args.default_policy == "both" else [args.default_policy]
     methods = ["none"] + [f"{m}@{mode}" for m in spec for mode in modes]
     policies = {m: DraftPolicy(args.default_draft_len, m.endswith("@auto")) for m in methods}
-    totals = {m: {"tokens": 0, "seconds": 0.0, "wall": 0.0} for m in methods}
+    totals = {m: {"tokens": 0, "seconds": 0.0, "wall": 0.0, "ahead": 0} for m in methods}
     stats = {m: SpecStats() for m in methods}
     outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
     for method in methods:  # warm-up: captures each method's graphs outside the timing
@@ -127,9 +128,10 @@ def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str]
             params = SamplingParams(max_tokens=args.default_max_tokens, temperature=0.0,
                                     speculative=method.split("@")[0])  # fmt: skip
             engine.speculator.policy = policies[method]  # each method learns its own
-            start = time.perf_counter()
+            claimed, start = _claimed(engine, method), time.perf_counter()
             (res,) = engine.generate([prompt], params)
             totals[method]["wall"] += time.perf_counter() - start
+            totals[method]["ahead"] += _claimed(engine, method) - claimed
             m = res.metrics
             if m.decode_s and len(res.token_ids) > 1:  # the prefill makes the first token
                 totals[method]["tokens"] += len(res.token_ids) - 1
@@ -138,6 +140,13 @@ def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str]
             if m.speculative is not None:
                 stats[method].merge(m.speculative)
     return {"methods": methods, "totals": totals, "stats": stats, "outputs": outputs}
+
+
+def _claimed(engine: LLMEngine, method: str) -> int:
+    """Steps a method's proposer launched ahead and then used (fused EAGLE-3 chains)."""
+    spec = method.split("@")[0]
+    proposer = None if spec == "none" else engine.speculator.proposer(embedded_method(spec))
+    return getattr(getattr(proposer, "chains", None), "claimed", 0)
 
 
 def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], timed: dict) -> dict:
@@ -156,7 +165,8 @@ def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], time
         tps = t["tokens"] / max(t["seconds"], 1e-9)
         entry = {"decode_tokens_per_s": round(tps, 2), "speedup": round(tps / base, 3),
                  "tokens": t["tokens"], "end_to_end_s": round(t["wall"], 3),
-                 "identical_to_plain_greedy": outputs[method] == reference}  # fmt: skip
+                 "identical_to_plain_greedy": outputs[method] == reference,
+                 "steps_launched_ahead": t["ahead"]}  # fmt: skip
         if method == "none":
             entry["acceptance_length"] = 1.0
         else:
