@@ -146,7 +146,7 @@ def _claimed(engine: LLMEngine, method: str) -> int:
     """Steps a method's proposer launched ahead and then used (fused EAGLE-3 chains)."""
     spec = method.split("@")[0]
     proposer = None if spec == "none" else engine.speculator.proposer(embedded_method(spec))
-    return getattr(getattr(proposer, "chains", None), "claimed", 0)
+    return getattr(getattr(proposer, "steps", None), "claimed", 0)
 
 
 def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], timed: dict) -> dict:

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mathagent.serving.engine.model import rope_table
+from mathagent.serving.engine.spec_decode.chain_step import ChainStep
 from mathagent.serving.engine.spec_decode.eagle3_chain import Eagle3Chain
 from mathagent.serving.engine.spec_decode.eagle3_head import Eagle3Head, attend
 from mathagent.serving.engine.spec_decode.eagle3_loader import aux_layers
@@ -61,6 +62,8 @@ class Eagle3Proposer:
         runner.feature_sinks.append(self._sink)
         # greedy chains, batched (one graph on CUDA); None drafts them row by row
         self.chains: Eagle3Chain | None = Eagle3Chain(self, runner.graphs)
+        # whole greedy chain steps in one graph (CUDA graphs only)
+        self.steps = None if runner.graphs is None else ChainStep(self.chains, runner.graphs)
 
     def use_head(self, project: Callable[[Tensor], Tensor]) -> None:
         """Score draft columns with ``project`` (normed output [N, H] -> [N, V']), e.g. the
@@ -123,24 +126,24 @@ class Eagle3Proposer:
         and this head is the runner's only feature sink (``sinks``); else None. Returns the
         drafts' shapes, each row's ``[accepted, committed tokens..., -1...]`` and the target's
         hidden state [B, H] at each row's last accepted node. ``ahead``: launch the same rows'
-        next step before reading this one (:meth:`Eagle3Chain.step`)."""
+        next step before reading this one (:meth:`ChainStep.step`)."""
         fits = (
-            self.chains is not None and self.chains.fits(len(rows), k) and self.beams == 1
+            self.steps is not None and self.steps.fits(len(rows), k) and self.beams == 1
             and sinks == 1 and all(r.greedy and r.seq.num_cached > k for r in rows)
         )  # fmt: skip
         if not fits:
             self.drop_ahead()
             return None
-        assert self.chains is not None
+        assert self.steps is not None
         slots, starts, windows = self._windows(rows, k)
-        host, last = self.chains.step(slots, starts, windows, k, ahead)
+        host, last = self.steps.step(slots, starts, windows, k, ahead)
         drafts = [Draft(torch.tensor([w[-1:] + [0] * k])) for w in windows]  # shapes only
         return drafts, host, last
 
     def drop_ahead(self) -> None:
         """Forget a step launched ahead: the next step is not the one it guessed."""
-        if self.chains is not None:
-            self.chains.drop()
+        if self.steps is not None:
+            self.steps.drop()
 
     def _windows(self, rows: list[SpecRow], k: int) -> tuple[list[int], list[int], list]:
         """Each row's slot, window start and window tokens for a chain of ``k``, its layer

@@ -86,8 +86,8 @@ def test_eagle3_on_graphs_equals_eager_and_plain(model) -> None:
     assert {k: graph_out.metrics.speculative[k] for k in same} == {
         k: eager_out.metrics.speculative[k] for k in same
     }, "the graphs' features drafted differently from eager ones"
-    captured = graph_engine.speculator.proposer(SpecMethod("eagle3", "/random-head")).chains
-    assert any(step for _, _, step in captured._captured), "no step ran as one graph"
+    steps = graph_engine.speculator.proposer(SpecMethod("eagle3", "/random-head")).steps
+    assert steps.captured(), "no step ran as one graph"
     rel = (graph_feats - eager_feats).norm() / eager_feats.norm()
     assert rel < 1e-4, f"features from the graphs differ from eager: {rel:.2e}"
 
@@ -110,7 +110,7 @@ def test_batched_chain_graphs_draft_as_eager_for_padded_batches(model) -> None:
     (ref, eager_out, _), (graph_ref, graph_out, graph_proposer) = runs[True], runs[False]
     assert graph_ref == ref and [r.token_ids for r in graph_out] == ref
     assert [r.token_ids for r in eager_out] == ref
-    assert any(b > 1 and step for b, _, step in graph_proposer.chains._captured), "no batch graph"
+    assert any(b > 1 for b, _ in graph_proposer.steps.captured()), "no batch graph"
     same = ("drafted_at", "accepted_at", "target_forwards")
     for g, e in zip(graph_out, eager_out, strict=True):
         assert {k: g.metrics.speculative[k] for k in same} == {
@@ -155,11 +155,11 @@ def test_steps_launched_ahead_are_claimed_and_dropped_without_changing_output(mo
     engine, proposer = _engine(model, eager=False)
     reference = [r.token_ids for r in engine.generate(prompts, plain)]
     single = engine.generate([prompts[0]], spec[0])[0]
-    claimed_single = proposer.chains.claimed
+    claimed_single = proposer.steps.claimed
     out = engine.generate(prompts, spec)
     model.capture = ()
     assert single.token_ids == reference[0]
     assert [r.token_ids for r in out] == reference
     steps = single.metrics.speculative["target_forwards"]
     assert claimed_single >= steps // 2, f"{claimed_single} of {steps} steps were launched ahead"
-    assert proposer.chains.claimed > claimed_single
+    assert proposer.steps.claimed > claimed_single

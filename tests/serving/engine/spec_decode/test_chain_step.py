@@ -1,15 +1,13 @@
-"""A fused EAGLE-3 step launched ahead runs on inputs its own graph advanced from the step
+"""A fused chain step (EAGLE-3, replay) launched ahead runs on inputs its own graph advanced from the step
 before; the host claims it only when those equal what it would have sent. Both sides compute
-the same advance: the device's in the graph (:meth:`Eagle3Chain._advance`), the host's in
+the same advance: the device's in the graph (:meth:`ChainStep.advance`), the host's in
 :func:`advanced`. Here both run on the CPU over random outcomes, padded rows included."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 
-from mathagent.serving.engine.spec_decode.eagle3_chain import ChainInputs, Eagle3Chain, advanced
+from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, ChainStep, advanced
 
 SCRATCH = 9
 
@@ -17,9 +15,6 @@ SCRATCH = 9
 def test_the_graph_and_the_host_advance_a_step_alike() -> None:
     gen = torch.Generator().manual_seed(5)
     k, rows, bucket = 4, 3, 4
-    chain = SimpleNamespace(
-        graphs=SimpleNamespace(scratch_slot=SCRATCH), device=torch.device("cpu")
-    )
     for _ in range(50):
         slots = [0, 2, 5]
         starts = torch.randint(0, 100, (rows,), generator=gen).tolist()
@@ -30,7 +25,7 @@ def test_the_graph_and_the_host_advance_a_step_alike() -> None:
         inp = ChainInputs.allocate(bucket, k + 1, torch.device("cpu"))
         values = ChainInputs.columns([*slots, SCRATCH], [*starts, 0], [*windows, [0] * (k + 1)])
         inp.packed.copy_(torch.tensor(values))
-        Eagle3Chain._advance(chain, inp, accepted, tokens)  # type: ignore[arg-type]
+        ChainStep.advance(inp, accepted, tokens, SCRATCH)
         outcome = torch.cat([accepted[:, None], tokens], 1).tolist()
         want_starts, want_windows = advanced(starts, windows, outcome[:rows])
         assert inp.start[:rows].tolist() == want_starts

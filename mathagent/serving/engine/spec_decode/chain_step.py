@@ -1,0 +1,249 @@
+"""Greedy chain steps drafted on the device: draft, verify, accept and advance in one CUDA graph.
+
+A drafter that drafts a batch of greedy chains from device-side inputs alone (EAGLE-3's head
+over the target's features, a replayed continuation) hands its draft to :class:`ChainStep`,
+which captures one graph per (batch bucket, ``k``): the drafter's ``run``, the target's verify
+forward over the chains, the drafter's ``verified`` hook (EAGLE-3 fuses the new features there),
+greedy acceptance, and the advance of the graph's own inputs to the next step's (window start
+and tokens from the accepted count). A step is one host-to-device copy, one replay and one read
+of the outcome, as TensorRT-LLM's one-model EAGLE-3 runs; and the host can launch step n + 1
+before it reads step n, so its work between steps (commit, stop checks, scheduling: ~0.5 ms on
+the H200, benchmarks/GPU_NOTES.md run 23) overlaps the device's next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import Tensor
+
+from mathagent.serving.engine.spec_decode.tree_batch import TreeBatch
+
+if TYPE_CHECKING:
+    from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
+
+
+@dataclass
+class ChainInputs:
+    """One draft's inputs: per row its slot, window start ``c - T`` and window tokens (the
+    last ``T = k + 1`` committed tokens, ending with the root at ``c``)."""
+
+    packed: Tensor  # [B * (2 + T)] int64: slots, starts, then the windows row by row
+    slots: Tensor  # [B]
+    start: Tensor  # [B]
+    window: Tensor  # [B, T] tokens at c-T+1 .. c (the last one is the root)
+    causal: Tensor  # [B, T, T] int8, the window's own mask
+    single: Tensor  # [B, 1, 1] int8, a drafted token sees itself
+
+    @classmethod
+    def allocate(cls, batch: int, width: int, device: torch.device) -> ChainInputs:
+        packed = torch.zeros(batch * (2 + width), dtype=torch.long, device=device)
+        causal = torch.tril(torch.ones(width, width, dtype=torch.int8, device=device))
+        return cls(
+            packed=packed,
+            slots=packed[:batch],
+            start=packed[batch : 2 * batch],
+            window=packed[2 * batch :].view(batch, width),
+            causal=causal.expand(batch, width, width).contiguous(),
+            single=torch.ones(batch, 1, 1, dtype=torch.int8, device=device),
+        )
+
+    @staticmethod
+    def columns(slots: list[int], starts: list[int], windows: list[list[int]]) -> list[int]:
+        """The values of ``packed`` in its order."""
+        return [*slots, *starts, *(t for w in windows for t in w)]
+
+
+class ChainDrafter(Protocol):
+    """What :class:`ChainStep` needs of a drafter: a capturable batched greedy draft."""
+
+    device: torch.device
+
+    def run(self, inp: ChainInputs, k: int) -> Tensor:
+        """Beams ``[B, 1 + k]``: each row's root, then its chain of ``k`` drafts."""
+        ...
+
+    def verified(self, inp: ChainInputs, pos: Tensor, captured: Tensor | None) -> None:
+        """After the verify forward over positions ``pos [B, 1 + k]`` (kept streams ``captured``)."""
+        ...
+
+
+def advanced(starts: list[int], windows: list[list[int]], outcome: list[list[int]]) -> tuple:
+    """The window starts and tokens of the step after one whose outcome rows are ``[accepted,
+    committed tokens..., -1...]`` (the host's copy of what the graph computes)."""
+    width = len(windows[0]) if windows else 0
+    nxt = [(w + o[1 : o[0] + 2])[-width:] for w, o in zip(windows, outcome, strict=True)]
+    return [s + o[0] + 1 for s, o in zip(starts, outcome, strict=True)], nxt
+
+
+def capture_graph(graphs: CudaGraphRunner, body: Callable[[], object]) -> tuple:
+    """Warm ``body`` up twice on a side stream (compilation, Triton autotuning), then capture
+    it in the runner's pool; ``(graph, body's outputs)``."""
+    graphs.captures += 1
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.inference_mode():
+        for _ in range(2):
+            body()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=graphs.pool), torch.inference_mode():
+        out = body()
+    return graph, out
+
+
+@dataclass
+class _Launch:
+    """One replayed step: where its outcome lands and, for a step launched ahead, the inputs
+    it ran on once the host knows them."""
+
+    key: tuple[int, int]
+    host: Tensor  # [bucket, 2 + k] pinned copy of the outcome
+    last: Tensor  # [rows, H] the hidden state at each row's last accepted node
+    done: torch.cuda.Event
+    expect: tuple | None = None  # (slots, starts, windows)
+
+
+@dataclass
+class _Graph:
+    """A captured whole step and the buffers it owns."""
+
+    graph: torch.cuda.CUDAGraph
+    inp: ChainInputs
+    verify: object  # the verify forward's StepInputs: read and written on every replay
+    outcome: Tensor  # [bucket, 2 + k]
+    last: Tensor  # [bucket, H]
+    staging: Tensor  # pinned host copy of ``inp.packed``
+    pinned: list[Tensor]  # two pinned outcome buffers, used in turn
+    copied: torch.cuda.Event | None = None  # the last copy out of ``staging`` has run
+
+
+class ChainStep:
+    """Whole greedy chain steps of ``drafter`` on ``graphs``; one graph per (bucket, k)."""
+
+    def __init__(self, drafter: ChainDrafter, graphs: CudaGraphRunner) -> None:
+        self.drafter = drafter
+        self.graphs = graphs
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._ahead: _Launch | None = None  # a step launched before its inputs were read
+        self.claimed = 0  # steps launched ahead and then used (tests and benchmarks read it)
+
+    def fits(self, rows: int, k: int) -> bool:
+        """Whether :meth:`step` takes ``rows`` rows drafting ``k`` (a captured verify shape)."""
+        g = self.graphs
+        return g.accepts(rows, k + 1) and g.width_bucket(k + 1) == k + 1
+
+    def captured(self) -> list[tuple[int, int]]:
+        """The (bucket, k) shapes captured so far."""
+        return list(self._graphs)
+
+    def step(
+        self, slots: list[int], starts: list[int], windows: list[list[int]], k: int,
+        ahead: bool = False,
+    ) -> tuple[list[list[int]], Tensor]:  # fmt: skip
+        """Draft, verify and accept rows whose windows of ``k + 1`` tokens start at
+        ``starts``: per row ``[accepted, committed tokens..., -1...]`` on the host and the
+        target's hidden state ``[B, H]`` at the last accepted node. The outcome is the step's
+        one host sync; with ``ahead`` the same rows' next step is launched before it (each row
+        must have room for ``2 (k + 1)`` more positions)."""
+        rows = len(slots)
+        key = (self.graphs.bucket(rows), k)
+        launch, self._ahead = self._ahead, None
+        if launch is None or launch.key != key or launch.expect != (slots, starts, windows):
+            self._fill(key, slots, starts, windows)
+            launch = self._launch(key, rows)
+        else:
+            self.claimed += 1
+        if ahead:
+            self._ahead = self._launch(key, rows)  # on the inputs the last replay advanced
+        launch.done.synchronize()
+        outcome = launch.host[:rows].tolist()
+        if self._ahead is not None:
+            self._ahead.expect = (slots, *advanced(starts, windows, outcome))
+        return outcome, launch.last
+
+    def drop(self) -> None:
+        """Forget a step launched ahead (the batch changed, or the next step is not this one)."""
+        self._ahead = None
+
+    def _fill(self, key: tuple[int, int], slots: list[int], starts: list[int],
+              windows: list[list[int]]) -> None:  # fmt: skip
+        """Copy the rows' inputs (padded rows on the scratch slot) into the graph's, in one copy."""
+        if key not in self._graphs:
+            self._capture(*key)
+        g = self._graphs[key]
+        pad = key[0] - len(slots)
+        width = key[1] + 1
+        values = ChainInputs.columns(
+            slots + [self.graphs.scratch_slot] * pad,
+            starts + [0] * pad,
+            windows + [[0] * width] * pad,
+        )
+        if g.copied is not None:
+            g.copied.synchronize()  # the previous copy out of the staging buffer has run
+        g.staging.numpy()[:] = values
+        g.inp.packed.copy_(g.staging, non_blocking=True)
+        g.copied = torch.cuda.Event()
+        g.copied.record()
+
+    def _launch(self, key: tuple[int, int], rows: int) -> _Launch:
+        """Replay, then queue the copy of the outcome out of the graph's buffers (the next
+        replay overwrites them) into the pinned buffer not used last time."""
+        g = self._graphs[key]
+        g.graph.replay()
+        g.pinned.reverse()
+        host = g.pinned[0]
+        host.copy_(g.outcome, non_blocking=True)
+        last = g.last[:rows].clone()
+        done = torch.cuda.Event()
+        done.record()
+        return _Launch(key, host, last, done)
+
+    def _body(self, inp: ChainInputs, k: int, verify: object) -> tuple[Tensor, Tensor]:
+        """Draft, then verify the chains at ``c .. c+k`` (``verify``: the step's StepInputs),
+        let the drafter see the verify, accept greedily and advance ``inp``;
+        ``(outcome [B, 2 + k], last hidden [B, H])``."""
+        beams = self.drafter.run(inp, k)  # [B, 1 + k]
+        pos = inp.start[:, None] + (k + 1) + torch.arange(k + 1, device=inp.start.device)
+        for name, value in (("tokens", beams), ("positions", pos), ("write", pos)):
+            getattr(verify, name).copy_(value)
+        verify.write_slot.copy_(inp.slots[:, None].expand_as(pos))  # type: ignore[attr-defined]
+        verify.slots.copy_(inp.slots)  # type: ignore[attr-defined]
+        verify.start.copy_(pos[:, 0])  # type: ignore[attr-defined]
+        logits, hidden, captured = self.graphs.forward(verify)
+        self.drafter.verified(inp, pos, captured)
+        accepted, _, tokens = TreeBatch(beams[:, None], []).greedy_accept(logits)
+        node = accepted[:, None, None].expand(-1, 1, hidden.shape[-1])
+        outcome = torch.cat([accepted[:, None], tokens], 1)
+        self.advance(inp, accepted, tokens, self.graphs.scratch_slot)
+        return outcome, hidden.gather(1, node)[:, 0]
+
+    @staticmethod
+    def advance(inp: ChainInputs, accepted: Tensor, tokens: Tensor, scratch: int) -> None:
+        """Turn ``inp`` into the next step's inputs (what :func:`advanced` computes on the
+        host); padded rows, on the ``scratch`` slot, stay where they are."""
+        width = inp.window.shape[1]
+        real = (inp.slots != scratch).long()
+        offsets = torch.arange(width, device=inp.window.device)
+        cols = (accepted + 1)[:, None] * real[:, None] + offsets
+        window = torch.cat([inp.window, tokens.clamp(min=0)], 1).gather(1, cols)
+        inp.start.add_((accepted + 1) * real)
+        inp.window.copy_(window)
+
+    def _capture(self, batch: int, k: int) -> None:
+        """Capture the whole step of ``batch`` rows drafting ``k``; padded rows (and the
+        warm-up) work on the scratch slot, whose inputs :meth:`advance` leaves alone."""
+        from mathagent.serving.engine.cuda.forward import StepInputs
+
+        dev = self.drafter.device
+        inp = ChainInputs.allocate(batch, k + 1, dev)
+        inp.slots.fill_(self.graphs.scratch_slot)
+        inp.start.fill_(k + 1)
+        verify = StepInputs.allocate(batch, k + 1, dev)
+        graph, (outcome, last) = capture_graph(self.graphs, lambda: self._body(inp, k, verify))
+        staging = torch.zeros(inp.packed.numel(), dtype=torch.long).pin_memory()
+        pinned = [torch.zeros(outcome.shape, dtype=torch.long).pin_memory() for _ in range(2)]
+        self._graphs[(batch, k)] = _Graph(graph, inp, verify, outcome, last, staging, pinned)
