@@ -1,4 +1,4 @@
-"""A fused chain step (EAGLE-3, replay) launched ahead runs on inputs its own graph advanced from the step
+"""A fused chain step launched ahead runs on inputs its own graph advanced from the step
 before; the host claims it only when those equal what it would have sent. Both sides compute
 the same advance: the device's in the graph (:meth:`ChainStep.advance`), the host's in
 :func:`advanced`. Here both run on the CPU over random outcomes, padded rows included."""
