@@ -192,7 +192,8 @@ def bench_spec_only(shape: str, args) -> dict:
         engine = make_engine(model.to(dtype), shape, 32, dtype)
         res[key] = {"dtype": name}
         accepts = [int(a) for a in args.acceptances.split(",")]
-        gpu_spec.run(engine, vocab, DRAFT_LEN, acceptances=accepts, out=res[key])
+        gpu_spec.run(engine, vocab, DRAFT_LEN, acceptances=accepts, out=res[key],
+                     replays=tuple(args.replay))  # fmt: skip
         _write_out("gpu_bench_partial.json", json.dumps({shape: res}, indent=1))
         if not args.skip_redrafter and dtype == torch.bfloat16:
             res["redrafter_in_loop_b1"] = gpu_spec.redrafter_section(engine, vocab, DRAFT_LEN)
@@ -220,6 +221,8 @@ def main() -> None:
                         choices=["bfloat16", "float32"], help="--only-spec: model dtypes")  # fmt: skip
     parser.add_argument("--acceptances", default="1,2,3,4,5", help="--only-spec: lengths")
     parser.add_argument("--skip-redrafter", action="store_true", help="--only-spec: no ReDrafter")
+    parser.add_argument("--replay", nargs="+", default=["device"], choices=["device", "host"],
+                        help="--only-spec: where the replay proposer drafts (first fills fixed/auto)")  # fmt: skip
     gpu_default_model.add_arguments(parser)
     args = parser.parse_args()
     torch.manual_seed(0)

@@ -16,6 +16,12 @@ runs ``draft_len`` tokens past the end, so every draft is full length to the las
 policy only picks plain or ``draft_len`` drafts, and no verify width but ``draft_len + 1`` is
 captured inside a timed run. In float32 a one-row and a verify-width product give the same
 greedy tokens, so the reference is plain greedy and a policy's plain steps keep it.
+
+The replay drafts on the device by default (``replay="device"``): its draft is a gather from a
+per-slot table of the reference, so :class:`ChainStep` runs the whole step (draft, verify,
+accept) as one graph and launches the next step before the host reads this one, the path the
+engine takes for EAGLE-3 chains. ``replay="host"`` drafts on the host as n-gram does (the
+engine's general path: host drafts, verify graph, acceptance kernels, one read per step).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import torch
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.sampling_params import SamplingParams
 from mathagent.serving.engine.spec_config import SpecMethod
+from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, ChainStep
 from mathagent.serving.engine.spec_decode.policy import DraftPolicy
 from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
 from mathagent.serving.engine.spec_decode.stats import SpecStats
@@ -55,6 +62,89 @@ class ReplayProposer:
 
     def accepted(self, row: SpecRow, old_cached: int, num_accepted: int) -> None:
         pass
+
+
+class _ReplayGraphs:
+    """What every device replay of one engine shares: the per-slot reference table, the wrong
+    draft's column (a device value, so one captured graph serves every acceptance) and the
+    whole-step graphs."""
+
+    def __init__(self, runner, vocab: int) -> None:
+        self.device, self.vocab = runner.device, vocab
+        slots, self.max_seq = runner.cache.k.shape[1], runner.max_seq_len
+        self.table = torch.zeros(slots, self.max_seq, dtype=torch.long, device=self.device)
+        self.wrong = torch.zeros((), dtype=torch.long, device=self.device)
+        self.owner: dict[int, str] = {}  # slot -> the request whose reference the table holds
+        self.steps = ChainStep(self, runner.graphs)
+
+    def run(self, inp: ChainInputs, k: int) -> torch.Tensor:
+        """Tokens at ``c + 1 .. c + k`` of each slot's reference, column ``wrong`` changed."""
+        c = inp.start + inp.window.shape[1]  # the root's position
+        cols = torch.arange(k, device=self.device)
+        idx = (c[:, None] + 1 + cols).clamp(max=self.max_seq - 1)
+        drafts = self.table[inp.slots[:, None], idx]
+        drafts = torch.where(cols == self.wrong, (drafts + 1) % self.vocab, drafts)
+        return torch.cat([inp.window[:, -1:], drafts], 1)
+
+    def verified(self, inp: ChainInputs, pos: torch.Tensor, captured) -> None:
+        pass
+
+
+_SHARED: dict[int, _ReplayGraphs] = {}
+
+
+class DeviceReplay:
+    """:class:`ReplayProposer` drafting on the device, inside the whole step's graph."""
+
+    def __init__(self, refs: dict[tuple, list[int]], accept: int, vocab: int, runner) -> None:
+        self.host = ReplayProposer(refs, accept, vocab)  # steps the fused graph does not take
+        self.refs = refs
+        if id(runner) not in _SHARED:
+            _SHARED[id(runner)] = _ReplayGraphs(runner, vocab)
+        self.shared = _SHARED[id(runner)]
+        self.shared.steps.drop()
+        self.shared.owner.clear()  # these references, not the last proposer's
+        self.shared.wrong.fill_(accept - 1)  # >= k: nothing wrong
+        self.steps = self.shared.steps
+
+    def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
+        return self.host.propose(rows, k)
+
+    def accepted(self, row: SpecRow, old_cached: int, num_accepted: int) -> None:
+        pass
+
+    def fused_step(self, rows: list[SpecRow], k: int, sinks: int, ahead: bool = False):
+        shared = self.shared
+        if not (self.steps.fits(len(rows), k) and all(
+            r.greedy and r.seq.num_cached > k and r.seq.slot is not None for r in rows
+        )):  # fmt: skip
+            self.steps.drop()
+            return None
+        slots, starts, windows = [], [], []
+        for row in rows:
+            seq, c = row.seq, row.seq.num_cached
+            if shared.owner.get(seq.slot) != seq.request_id:  # a new request in this slot
+                full = (seq.prompt_ids + self.refs[tuple(seq.prompt_ids)])[: shared.max_seq]
+                shared.table[seq.slot].zero_()  # past the reference: zeros, as the host pads
+                shared.table[seq.slot, : len(full)] = torch.tensor(full, device=shared.device)
+                shared.owner[seq.slot] = seq.request_id
+            slots.append(seq.slot)
+            starts.append(c - (k + 1))
+            windows.append(seq.all_ids[c - k : c + 1])
+        host, last = self.steps.step(slots, starts, windows, k, ahead)
+        drafts = [Draft(torch.tensor([w[-1:] + [0] * k])) for w in windows]  # shapes only
+        return drafts, host, last
+
+    def drop_ahead(self) -> None:
+        self.steps.drop()
+
+
+def replay_proposer(engine: LLMEngine, refs, accept: int, vocab: int, inner=None,
+                    replay: str = "device"):  # fmt: skip
+    """The device replay where it can run (CUDA graphs, no inner drafter), else the host one."""
+    if replay == "device" and inner is None and engine.runner.graphs is not None:
+        return DeviceReplay(refs, accept, vocab, engine.runner)  # graphs captured in run()
+    return ReplayProposer(refs, accept, vocab, inner)
 
 
 def timed(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> dict:
@@ -103,8 +193,10 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
 
 
-def batch_section(engine, prompts, max_tokens, vocab, draft_len, inner=None, acceptances=None):
-    """Plain, then each acceptance length fixed and auto, for one batch of prompts."""
+def batch_section(engine, prompts, max_tokens, vocab, draft_len, inner=None, acceptances=None,
+                  replays=("device",)):  # fmt: skip
+    """Plain, then each acceptance length fixed and auto, for one batch of prompts; the first
+    of ``replays`` fills ``fixed`` / ``auto``, others ``fixed_<replay>`` / ``auto_<replay>``."""
     plain_params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     timed(engine, prompts, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     plain = timed(engine, prompts, plain_params)
@@ -119,17 +211,22 @@ def batch_section(engine, prompts, max_tokens, vocab, draft_len, inner=None, acc
     refs = {tuple(p): o for p, o in zip(prompts, wide["outputs"], strict=True)}
     for accept in acceptances or range(1, draft_len + 2):
         row: dict = {}
-        for mode in ("fixed", "auto"):
-            if mode == "fixed" and accept == 1:
-                continue
-            proposer = ReplayProposer(refs, accept, vocab, inner)
-            run = spec_run(engine, prompts, max_tokens, proposer, mode == "auto", draft_len)
-            row[mode] = {"tok_s": run["tok_s"], "speedup": run["tok_s"] / plain["tok_s"],
-                         "acceptance_length": run["acceptance_length"],
-                         "spec_forwards": run["spec_forwards"], "steps": run["steps"],
-                         "identical_to_reference": run["outputs"] == wide_out}  # fmt: skip
-            if mode == "auto":
-                row[mode]["policy"] = run["policy"]
+        for i, replay in enumerate(replays):
+            for mode in ("fixed", "auto"):
+                if mode == "fixed" and accept == 1:
+                    continue
+                proposer = replay_proposer(engine, refs, accept, vocab, inner, replay)
+                run = spec_run(engine, prompts, max_tokens, proposer, mode == "auto", draft_len)
+                name = mode if i == 0 else f"{mode}_{replay}"
+                row[name] = {"tok_s": run["tok_s"], "speedup": run["tok_s"] / plain["tok_s"],
+                             "acceptance_length": run["acceptance_length"],
+                             "spec_forwards": run["spec_forwards"], "steps": run["steps"],
+                             "identical_to_reference": run["outputs"] == wide_out,
+                             "replay": type(proposer).__name__,
+                             "launched_ahead": getattr(getattr(proposer, "steps", None),
+                                                       "claimed", 0)}  # fmt: skip
+                if mode == "auto":
+                    row[name]["policy"] = run["policy"]
         if "fixed" in row:
             row["fixed"]["goal_0.8x_acceptance"] = row["fixed"]["speedup"] >= 0.8 * accept
         row["auto_never_slower"] = row["auto"]["speedup"] >= 0.97  # 3%: run-to-run noise
@@ -143,13 +240,15 @@ def random_prompts(n: int, vocab: int, length: int, seed: int) -> list[list[int]
 
 
 def run(engine: LLMEngine, vocab: int, draft_len: int, batches=(1, 8, 32), max_tokens=128,
-        acceptances=None, out: dict | None = None) -> dict:  # fmt: skip
+        acceptances=None, out: dict | None = None, replays=("device",)) -> dict:  # fmt: skip
     """The whole section for one shape: replay at every batch (filled into ``out`` as it goes)."""
     graphs = engine.runner.graphs
     t0 = time.perf_counter()
     for b in batches if graphs is not None else ():  # the widths the policy picks, first
         for width in (1, draft_len + 1):
             graphs.capture(graphs.bucket(b), width)
+        if "device" in replays:  # and the device replay's whole steps
+            DeviceReplay({}, 1, vocab, engine.runner).steps.prepare(b, draft_len)
     out = {} if out is None else out
     out.update({"draft_len": draft_len, "max_tokens": max_tokens,
                 "capture_s": time.perf_counter() - t0})  # fmt: skip
@@ -159,7 +258,7 @@ def run(engine: LLMEngine, vocab: int, draft_len: int, batches=(1, 8, 32), max_t
         # first of 32 rows had 128 tokens before the last joined (run 17: no steady window)
         tokens = max(max_tokens, 12 * b)
         out[f"batch_{b}"] = batch_section(
-            engine, prompts, tokens, vocab, draft_len, acceptances=acceptances
+            engine, prompts, tokens, vocab, draft_len, acceptances=acceptances, replays=replays
         )
         out[f"batch_{b}"]["max_tokens"] = tokens
         print({f"batch_{b}": out[f"batch_{b}"]}, flush=True)
