@@ -218,13 +218,16 @@ def _(qkv, k_cache, v_cache, slots, start, tree, positions, cos, sin, n_heads):
     return qkv.new_empty(qkv.shape[0], qkv.shape[1], n_heads, k_cache.shape[3])
 
 
-def _attention(q, k_cache, v_cache, slots, start, tree, h, rope) -> torch.Tensor:
-    """Launch the split-KV kernel over ``q [B, T, >=H, D]`` (the first ``h`` heads are queries)."""
+def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None) -> torch.Tensor:
+    """Launch the split-KV kernel over ``q [B, T, >=H, D]`` (the first ``h`` heads are queries);
+    ``launch`` = (positions per split, positions per block, warps) overrides the default
+    (benchmarks/attention_sweep.py)."""
     bsz, t, _, d = q.shape
     hkv, max_seq = k_cache.shape[1], k_cache.shape[2]
     g = h // hkv
     qrows = max(16, triton.next_power_of_2(t * g))
-    part = attention_partition(bsz)
+    part = attention_partition(bsz) if launch is None else launch[0]
+    block_s, warps = (min(part, 64), 4) if launch is None else launch[1:]
     nsplit = triton.cdiv(max_seq, part)
     ws_rows = bsz * hkv * nsplit * qrows
     m = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
@@ -238,9 +241,9 @@ def _attention(q, k_cache, v_cache, slots, start, tree, h, rope) -> torch.Tensor
         out, positions, cos, sin, math.log2(math.e) / math.sqrt(d),
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        HKV=hkv, T=t, G=g, D=d, QROWS=qrows, PART=part, BLOCK_S=min(part, 64), NSPLIT=nsplit,
+        HKV=hkv, T=t, G=g, D=d, QROWS=qrows, PART=part, BLOCK_S=block_s, NSPLIT=nsplit,
         MAX_SEQ=max_seq, IEEE=q.dtype == torch.float32, PDL=q.is_cuda and pdl_supported(),
-        ROPE=rope is not None, TP=triton.next_power_of_2(t), num_warps=4,
+        ROPE=rope is not None, TP=triton.next_power_of_2(t), num_warps=warps,
     )  # fmt: skip
     return out
 
