@@ -54,6 +54,13 @@ class Eagle3Chain:
         self.graphs = graphs
         self.device = proposer.k.device
         self._captured: dict[tuple[int, int], tuple] = {}  # (bucket, k) -> draft graph
+        # On CUDA each head step is a compiled region whose norms, rotary, SiLU and adds Inductor
+        # fuses: eager, one head step was ~45 small kernels, 0.3-0.45 ms of a ~2 ms chain step
+        # (benchmarks/GPU_NOTES.md, runs 23 and 27)
+        self._next, self._cuda_step = self._next_token, self._cuda_layer
+        if graphs is not None:
+            self._next = torch.compile(self._next_token, dynamic=False)
+            self._cuda_step = torch.compile(self._cuda_layer, dynamic=False)
 
     def draft(
         self, slots: list[int], starts: list[int], windows: list[list[int]], k: int
@@ -100,7 +107,7 @@ class Eagle3Chain:
         last = out[:, -1:]  # [B, 1, H] the layer's output at c - 1
         drafted = [inp.window[:, -1]]
         for j in range(k):
-            drafted.append(p.ids[p.logits(last[:, 0]).argmax(-1)])
+            drafted.append(self._next(last[:, 0]))
             if j + 1 < k:
                 at = inp.start + (width - 1 + j + 1)  # [B] position c - 1 + (j + 1)
                 emb = p.embedding[drafted[-1]][:, None]
@@ -114,6 +121,8 @@ class Eagle3Chain:
     ) -> Tensor:  # fmt: skip
         """The head's layer on new positions ``pos [B, T]`` (consecutive from ``inp.start``):
         writes their K/V and attends to everything before them and causally among them."""
+        if self.graphs is not None:
+            return self._cuda_step(emb, hidden, pos, inp.slots, inp.start, tree)
         p = self.p
         mid = p.head.midlayer
         cos, sin = p.cos[pos][:, :, None], p.sin[pos][:, :, None]
@@ -121,15 +130,29 @@ class Eagle3Chain:
         rows = inp.slots[:, None]
         p.k[rows, :, pos] = k.transpose(1, 2)  # [B, T, Hkv, D]
         p.v[rows, :, pos] = v.transpose(1, 2)
-        if self.graphs is not None:
-            from mathagent.serving.engine.cuda.attention import decode_attention
-
-            att = decode_attention(q.transpose(1, 2), p.k, p.v, inp.slots, inp.start, tree)
-            return mid.finish(residual, att.transpose(1, 2))
         assert kv_len is not None
         seen = torch.arange(kv_len, device=self.device)[None, None, None] <= pos[:, None, :, None]
         keys, values = p.k[inp.slots, :, :kv_len], p.v[inp.slots, :, :kv_len]
         return mid.finish(residual, attend(q, keys, values, seen))
+
+    def _cuda_layer(self, emb: Tensor, hidden: Tensor, pos: Tensor, slots: Tensor, start: Tensor,
+                    tree: Tensor) -> Tensor:  # fmt: skip
+        """:meth:`_layer` on CUDA: the Triton split-KV attention over the head's slot cache."""
+        from mathagent.serving.engine.cuda.attention import decode_attention
+
+        p = self.p
+        mid = p.head.midlayer
+        cos, sin = p.cos[pos][:, :, None], p.sin[pos][:, :, None]
+        residual, q, k, v = mid.project(emb, hidden.to(p.dtype), cos, sin)
+        rows = slots[:, None]
+        p.k[rows, :, pos] = k.transpose(1, 2)  # [B, T, Hkv, D]
+        p.v[rows, :, pos] = v.transpose(1, 2)
+        att = decode_attention(q.transpose(1, 2), p.k, p.v, slots, start, tree)
+        return mid.finish(residual, att.transpose(1, 2))
+
+    def _next_token(self, last: Tensor) -> Tensor:
+        """The target id of the head's greedy draft from the layer's output ``last [B, H]``."""
+        return self.p.ids[self.p.logits(last).argmax(-1)]
 
     def verified(self, inp: ChainInputs, pos: Tensor, captured: Tensor | None) -> None:
         """After the target verified the chains at ``pos``: fuse their kept streams into
