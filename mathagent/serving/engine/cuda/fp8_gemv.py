@@ -8,10 +8,10 @@ weights against those codes with no pre-pass of its own. The earlier single kern
 row's statistics (two passes over K from L2) in every program before its stream, and re-quantised
 every input chunk in every program (benchmarks/GPU_NOTES.md, "FP8").
 
-The GEMV runs on the CUDA cores (float32 products of converted codes; the sweep found
-``tl.dot`` tiles on the tensor cores, wgmma at 64+ rows, no faster: GPU_NOTES.md). Before
-waiting on the row kernel each program loads its first two weight tiles and asks L2 for more,
-so the weight stream overlaps the row kernel.
+The GEMV runs on the CUDA cores (float32 products of converted codes): ``tl.dot`` tiles on
+the tensor cores (wgmma at 64+ rows) and L2 prefetches of more tiles before the wait were
+measured and lost (GPU_NOTES.md, "FP8 v2"). Each program loads its first two weight tiles
+before waiting on the row kernel, so the stream overlaps it.
 """
 
 from __future__ import annotations
@@ -70,33 +70,26 @@ if triton is not None:
     @triton.jit
     def _fp8_gemv_kernel(q_ptr, s_ptr, w_ptr, ws_ptr, y_ptr, r_ptr, N, K, stride_wn,
                          RESID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         UNROLL: tl.constexpr, PREFETCH: tl.constexpr, EVICT: tl.constexpr,
-                         PDL: tl.constexpr):  # fmt: skip
-        # Two weight tiles are requested, and PREFETCH more asked of L2, before waiting on the
-        # row kernel; then UNROLL tiles per step. No tile is carried from one step to the next:
-        # Triton keeps a carried e4m3 tile one byte per register (it spilled).
+                         EVICT: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+        # Two weight tiles are requested before waiting on the row kernel, then two per step,
+        # both loaded before either is used (run F4: loading the second after using the first
+        # left ptxas issuing it late, 10-19% slower). No tile is carried from one step to the
+        # next: Triton keeps a carried e4m3 tile one byte per register (it spilled).
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
         w_ok = rn[:, None] < N
         wa = tl.load(w_ptrs, mask=w_ok, other=0.0, eviction_policy=EVICT)
         wb = tl.load(w_ptrs + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
-        if PREFETCH > 0:  # one L2 prefetch per 128-byte line of tiles 2 .. 2 + PREFETCH
-            lines = tl.minimum(2 * BLOCK_K + tl.arange(0, PREFETCH * BLOCK_K // 128) * 128, K - 128)
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2 [$1];\nmov.u32 $0, 0;", "=r,l",
-                [w_ptr + tl.minimum(rn, N - 1)[:, None] * stride_wn + lines[None, :]],
-                dtype=tl.int32, is_pure=False, pack=1,
-            )  # fmt: skip
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
         acc = _fma_tile(tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32), wa, q_ptr, 0, rk, rn)
         acc = _fma_tile(acc, wb, q_ptr, BLOCK_K, rk, rn)
-        for k0 in range(2 * BLOCK_K, K, UNROLL * BLOCK_K):
-            for j in tl.static_range(UNROLL):
-                w = tl.load(w_ptrs + k0 + j * BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
-                acc = _fma_tile(acc, w, q_ptr, k0 + j * BLOCK_K, rk, rn)
+        for k0 in range(2 * BLOCK_K, K, 2 * BLOCK_K):
+            wa = tl.load(w_ptrs + k0, mask=w_ok, other=0.0, eviction_policy=EVICT)
+            wb = tl.load(w_ptrs + k0 + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
+            acc = _fma_tile(_fma_tile(acc, wa, q_ptr, k0, rk, rn), wb, q_ptr, k0 + BLOCK_K, rk, rn)
         _epilogue(tl.sum(acc, axis=1), s_ptr, ws_ptr, y_ptr, r_ptr, rn, N, RESID)
 
 
@@ -105,21 +98,15 @@ class Fp8GemvConfig:
     """Launch shape of the fp8 one-row GEMV for one weight shape."""
 
     block_n: int
-    block_k: int
+    block_k: int  # 2 * block_k must divide K
     num_warps: int
-    unroll: int = 2  # tiles per loop step; (K / block_k - 2) must be a multiple
-    prefetch: int = 0  # tiles asked of L2 before the wait on the row kernel: 0, 1, 2, 4, 8
     evict: str = "evict_first"
     pdl: bool = True
 
-    def fits(self, k: int) -> bool:
-        tiles = k // self.block_k
-        return k % self.block_k == 0 and tiles >= 2 and (tiles - 2) % self.unroll == 0
 
-
-# The fastest launch shapes on one H200 (benchmarks/fp8_bench.py --sweep; GPU_NOTES.md, "FP8"),
-# weights cold in L2, one CUDA graph per product over 32 distinct matrices, row kernel included.
-# Llama-3-8B shapes: qkv, wo, w13, w2 (the head stays bf16). Others get fp8_gemv_config's guess.
+# The fastest launch shapes on one H200 (benchmarks/fp8_bench.py --sweep, run F4 call 1;
+# GPU_NOTES.md, "FP8 v2"), weights cold in L2, one CUDA graph per product over 32 distinct
+# matrices, row kernel included. Llama-3-8B shapes: qkv, wo, w13, w2 (the head stays bf16).
 FP8_GEMV_CONFIGS: dict[tuple[int, int], Fp8GemvConfig] = {
     (6144, 4096): Fp8GemvConfig(16, 512, 8),
     (4096, 4096): Fp8GemvConfig(16, 1024, 8),
@@ -133,22 +120,22 @@ ROW_WARPS: dict[tuple[int, int], int] = {}
 def fp8_gemv_config(n: int, k: int) -> Fp8GemvConfig:
     """The measured launch shape for ``[n, k]`` e4m3 weights, else a heuristic one."""
     cfg = FP8_GEMV_CONFIGS.get((n, k))
-    if cfg is None or not cfg.fits(k):
-        block_k = next(b for b in (1024, 512, 256) if k % b == 0 and k // b >= 2)
-        cfg = Fp8GemvConfig(8 if n >= 8192 else 4, block_k, 4, unroll=1)
+    if cfg is None:
+        block_k = next(b for b in (1024, 512, 256, 128) if k % (2 * b) == 0)
+        cfg = Fp8GemvConfig(8 if n >= 8192 else 4, block_k, 4)
     if cfg.pdl and not kernels.pdl_supported():
-        cfg = Fp8GemvConfig(**{**cfg.__dict__, "pdl": False})
+        cfg = Fp8GemvConfig(cfg.block_n, cfg.block_k, cfg.num_warps, cfg.evict, False)
     return cfg
 
 
 def row_warps(k: int, pro: int) -> int:
-    """Warps of the row kernel (measured per shape in ``ROW_WARPS``)."""
+    """Warps of the row kernel (a sweep may measure them per shape into ``ROW_WARPS``)."""
     return ROW_WARPS.get((k, pro), 16 if k > 8192 else 8)
 
 
 def gemv_fits(weight: torch.Tensor) -> bool:
     """Whether :func:`gemv` takes this e4m3 weight (contiguous, K a multiple of 256)."""
-    return weight.is_contiguous() and weight.shape[1] % 256 == 0 and weight.shape[1] >= 512
+    return weight.is_contiguous() and weight.shape[1] % 256 == 0
 
 
 def quantize_row(
@@ -178,7 +165,7 @@ def gemv(
     """``f(x) @ (weight[N, K] * weight_scale[N]).T (+ residual)`` for one row, FP8 model.
 
     ``f`` as in :func:`kernels.gemv`. ``config`` (the sweep's knob) overrides the launch shape:
-    ``[block_n, block_k, warps, unroll, prefetch]``.
+    ``[block_n, block_k, warps]``.
     """
     n, k = weight.shape
     x1 = x.reshape(-1).contiguous()
@@ -191,8 +178,7 @@ def gemv(
     _fp8_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         q, s, weight, weight_scale, y, x1 if residual is None else residual.reshape(n), n, k,
         weight.stride(0), RESID=residual is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        UNROLL=cfg.unroll, PREFETCH=cfg.prefetch, EVICT=cfg.evict, PDL=cfg.pdl,
-        num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
+        EVICT=cfg.evict, PDL=cfg.pdl, num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
     )  # fmt: skip
     return y.view(*x.shape[:-1], n)
 
