@@ -1,10 +1,8 @@
 """FP8 on one H200: the fp8 GEMV launch sweep, then BF16 vs FP8 decode through ``LLMEngine``.
 
-``--sweep``: each product of an 8B decode step (qkv, wo, w13, w2; the head stays bf16) over
-distinct random e4m3 matrices (one per layer, cold in L2) in one CUDA graph, for row/column
-tiles and warps, with the prologue/epilogue the step uses; the FP8 tensor-core product
-(``cuda.fp8.linear``) at one row is timed the same way. Winners go into
-``cuda.fp8.FP8_GEMV_CONFIGS`` for the engine runs that follow. Engine runs: random weights of
+``--sweep``: ``fp8_gemv_sweep.sweep`` (each product of an 8B decode step over distinct random
+e4m3 matrices, cold in L2, in one CUDA graph, for CUDA-core and tensor-core tiles); winners go
+into ``cuda.fp8_gemv.FP8_GEMV_CONFIGS`` for the engine runs that follow. Engine runs: random weights of
 the 8B shape loaded by ``load_model`` (``quantization`` none, then fp8), greedy, batch 1 and
 16 concurrent through ``LLMEngine.step``, the decode graph alone and a verify-shaped graph
 (1 + 3 drafted tokens: the speculation speedup at acceptance 3 is ``3 x t(decode) / t(verify)``,
@@ -24,7 +22,7 @@ import traceback
 from pathlib import Path
 
 import torch
-from gemv_sweep import graph_us, uses
+from fp8_gemv_sweep import sweep
 from gpu_common import steady_tok_s
 
 from mathagent.config import EngineSettings
@@ -37,89 +35,6 @@ from mathagent.serving.engine.sampling_params import SamplingParams
 
 DATASHEET_BYTES_PER_S = 4.8e12
 SHAPE = "llama-3-8b"
-SWEEP_BUDGET_S = 25.0  # past this, each remaining product times only the first candidates
-
-
-# run 2's five fastest tiles per product (of 11 with 2-4 16-byte loads per thread), plus tiles
-# of 32 rows that share each quantised input chunk among more weight rows
-CANDIDATES = ([16, 1024, 8], [8, 1024, 4], [8, 1024, 8], [16, 512, 8], [32, 512, 8],
-              [32, 1024, 8], [16, 2048, 8])  # fmt: skip
-
-
-def candidates(k: int) -> list[list[int]]:
-    """[rows, cols, warps] tiles whose columns divide ``k``."""
-    return [c for c in CANDIDATES if k % c[1] == 0]
-
-
-class Fp8Product:
-    """Distinct e4m3 weights of one use (one per layer) and its inputs."""
-
-    def __init__(self, n: int, k: int, pro: int, resid: bool, copies: int) -> None:
-        self.n, self.k, self.pro, self.resid = n, k, pro, resid
-        self.weights = [
-            fp8_format.quantize_rows(torch.randn(n, k, device="cuda", dtype=torch.bfloat16))
-            for _ in range(copies)
-        ]
-        self.scales = [s.squeeze(-1).contiguous() for _, s in self.weights]
-        self.x = torch.randn(1, 2 * k if pro == 2 else k, device="cuda", dtype=torch.bfloat16)
-        self.g = torch.randn(k, device="cuda", dtype=torch.bfloat16)
-        self.r = torch.randn(1, n, device="cuda", dtype=torch.bfloat16)
-
-    def check(self, cfg: tuple[int, ...]) -> float:
-        """Relative error of one product against the plain-torch FP8 rule."""
-        from mathagent.serving.engine.cuda.forward import rms_norm
-
-        x = self.x
-        if self.pro == 1:
-            x = rms_norm(x, self.g, 1e-5)
-        elif self.pro == 2:
-            x = torch.nn.functional.silu(x[:, : self.k]) * x[:, self.k :]
-        (w, _), s = self.weights[0], self.scales[0]
-        ref = fp8_format.reference_linear(x, w, s).float() + (self.r.float() if self.resid else 0)
-        kw = {1: dict(norm=self.g, eps=1e-5), 2: dict(silu_mul=True)}.get(self.pro, {})
-        out = cuda_fp8.gemv(self.x, w, s, residual=self.r if self.resid else None,
-                            config=list(cfg), **kw)  # fmt: skip
-        return float((out.float() - ref).norm() / ref.norm())
-
-    def launch(self, cfg: list[int] | None) -> None:
-        kw = {1: dict(norm=self.g, eps=1e-5), 2: dict(silu_mul=True)}.get(self.pro, {})
-        if self.resid:
-            kw["residual"] = self.r
-        for (w, _), s in zip(self.weights, self.scales, strict=True):
-            if cfg is None:  # the FP8 tensor cores at one row (prologue left out)
-                cuda_fp8.linear(self.x[:, : self.k], w, s)
-            else:
-                cuda_fp8.gemv(self.x, w, s, config=cfg, **kw)
-
-
-def sweep() -> dict:
-    """Time every tile per product; install the winners; report (us per product, TB/s)."""
-    layers = RANDOM_SHAPES[SHAPE]["num_hidden_layers"]
-    res: dict = {}
-    t_start = time.perf_counter()
-    for name, (n, k, pro, resid) in uses(SHAPE).items():
-        if name == "head":
-            continue
-        p = Fp8Product(n, k, pro, resid, layers)
-        mb = (n * k + 4 * n) / 1e6
-        timed = {}
-        for i, cfg in enumerate(candidates(k)):
-            if i >= 3 and time.perf_counter() - t_start > SWEEP_BUDGET_S:
-                res.setdefault("cut_short", []).append(name)
-                break
-            try:
-                timed[tuple(cfg)] = graph_us(lambda: p.launch(cfg), layers)  # noqa: B023
-            except Exception as exc:  # a tile that does not compile is skipped, and reported
-                res.setdefault("failed", []).append([name, cfg, repr(exc)[:300]])
-        best = min(timed, key=timed.get)
-        cuda_fp8.FP8_GEMV_CONFIGS[(n, k)] = cuda_fp8.Fp8GemvConfig(*best)
-        res[name] = {"n": n, "k": k, "mb": mb, "best": list(best), "best_us": timed[best],
-                     "best_tb_s": mb / timed[best], "rel_err_vs_reference": p.check(best),
-                     "tensor_core_1row_us": graph_us(lambda: p.launch(None), layers),  # noqa: B023
-                     "top5": sorted(timed.items(), key=lambda i: i[1])[:5]}  # fmt: skip
-        print(json.dumps({name: {k: v for k, v in res[name].items() if k != "top5"}}), flush=True)
-        torch.cuda.empty_cache()
-    return res
 
 
 def read_bytes(model: torch.nn.Module) -> int:

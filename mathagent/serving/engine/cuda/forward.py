@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mathagent.serving.engine.cuda import attention, fp8, kernels
+from mathagent.serving.engine.cuda import attention, fp8, fp8_gemv, kernels
 from mathagent.serving.engine.cuda import skinny as skinny_kernel
 from mathagent.serving.engine.model import Transformer
 from mathagent.serving.engine.quant import Fp8Linear
@@ -83,7 +83,7 @@ def linear(
     an FP8 weight goes to its GEMV at one row, to the FP8 tensor cores at more."""
     if isinstance(weight, tuple):
         one_row = x.numel() == x.shape[-1] and gemv_ok(weight, fast)
-        y = fp8.gemv(x, *weight) if one_row else fp8.linear(x, *weight)
+        y = fp8_gemv.gemv(x, *weight) if one_row else fp8.linear(x, *weight)
         return y if bias is None else y + bias
     rows = x.numel() // x.shape[-1]
     rows_bucket = skinny_kernel.bucket(rows)  # 0 outside 2..16 rows
@@ -99,14 +99,14 @@ def linear(
 def gemv_ok(weight: Weight, fast: frozenset[tuple[int, int]]) -> bool:
     """Whether one-row products with ``weight`` take a Triton GEMV (bf16 measured, fp8 fits)."""
     if isinstance(weight, tuple):
-        return fp8.gemv_fits(weight[0])
+        return fp8_gemv.gemv_fits(weight[0])
     return tuple(weight.shape) in fast
 
 
 def gemv(x: torch.Tensor, weight: Weight, **fused) -> torch.Tensor:
     """The one-row GEMV for ``weight``'s kind, with the prologue/epilogue in ``fused``."""
     if isinstance(weight, tuple):
-        return fp8.gemv(x, *weight, **fused)
+        return fp8_gemv.gemv(x, *weight, **fused)
     return kernels.gemv(x, weight, **fused)
 
 

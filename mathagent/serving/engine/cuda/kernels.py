@@ -32,14 +32,15 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _gemv_input(x_ptr, g_ptr, k0, rk, K, rstd, PRO: tl.constexpr, dt: tl.constexpr):
-        # The product's input at k0 + rk, float32, rounded like the eager model's ops.
-        x = tl.load(x_ptr + k0 + rk).to(tl.float32)  # [BK]
+    def _gemv_input(x_ptr, g_ptr, k0, rk, K, rstd, PRO: tl.constexpr, dt: tl.constexpr, ok):
+        # The product's input at k0 + rk, float32, rounded like the eager model's ops; ``ok``
+        # masks the columns past K (None: all in range; masked values are undefined).
+        x = tl.load(x_ptr + k0 + rk, mask=ok).to(tl.float32)  # [BK]
         if PRO == 1:
-            g = tl.load(g_ptr + k0 + rk).to(tl.float32)
+            g = tl.load(g_ptr + k0 + rk, mask=ok).to(tl.float32)
             x = ((x * rstd).to(dt).to(tl.float32) * g).to(dt).to(tl.float32)
         elif PRO == 2:
-            up = tl.load(x_ptr + K + k0 + rk).to(tl.float32)
+            up = tl.load(x_ptr + K + k0 + rk, mask=ok).to(tl.float32)
             x = ((x * tl.sigmoid(x)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
         return x
 
@@ -69,10 +70,13 @@ if triton is not None:
                 ss += xv * xv
             rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
         # Elementwise partial sums; one cross-thread reduction at the end, not per K step.
-        acc = w0.to(tl.float32) * _gemv_input(x_ptr, g_ptr, 0, rk, K, rstd, PRO, dt)[None, :]
+        acc = w0.to(tl.float32) * _gemv_input(x_ptr, g_ptr, 0, rk, K, rstd, PRO, dt, None)[None, :]
         for k0 in range(BLOCK_K, K, BLOCK_K):
             w = tl.load(w_ptrs + k0, mask=w_ok, other=0.0, eviction_policy=EVICT)  # [BN, BK]
-            acc += w.to(tl.float32) * _gemv_input(x_ptr, g_ptr, k0, rk, K, rstd, PRO, dt)[None, :]
+            acc += (
+                w.to(tl.float32)
+                * _gemv_input(x_ptr, g_ptr, k0, rk, K, rstd, PRO, dt, None)[None, :]
+            )
         y = tl.sum(acc, axis=1).to(dt)
         if RESID:
             r = tl.load(r_ptr + rn, mask=rn < N, other=0.0)
