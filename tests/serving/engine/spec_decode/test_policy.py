@@ -5,6 +5,7 @@ speculative engine that do no drafting (float32 random model through LLMEngine, 
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 import torch
@@ -213,3 +214,30 @@ def test_a_step_that_captured_a_graph_is_not_timed() -> None:
     assert proposer.calls > 3
     assert 1 not in timed  # the step that captured
     assert timed == list(range(2, proposer.calls + 1))  # every later step is timed
+
+
+def test_a_step_is_timed_with_the_host_work_since_the_last_step() -> None:
+    # a step launched ahead starts on the device while the host still commits the last one, so
+    # its own start-to-end time leaves the host's work out (H200, 8B, batch 32: 7.0 ms timed,
+    # 9.2 ms paid per step, GPU_NOTES run 28): the policy must see the whole interval
+    engine = make_engine("cpu")
+    prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(6)).tolist()
+    engine.speculator.proposers.register(SpecMethod("draft", "counting"), Counting())
+    policy = engine.speculator.policy = DraftPolicy(3, adaptive=False)
+    seconds: list[float] = []
+    observed = policy.observed
+
+    def spy(batch, k, s):
+        seconds.append(s)
+        observed(batch, k, s)
+
+    policy.observed = spy
+    params = SamplingParams(
+        max_tokens=16, temperature=0.0, ignore_eos=True, speculative="draft:counting"
+    )
+    engine.add_request(prompt, params)
+    while engine.has_unfinished():
+        engine.step()
+        time.sleep(0.05)  # the host's work between steps
+    assert len(seconds) > 3
+    assert all(s >= 0.05 for s in seconds[1:]), seconds  # the first follows the prefill
