@@ -76,7 +76,7 @@ def default_model_engine(engine: EngineSettings) -> EngineSettings:
     default" has the measurements): on a CPU it runs as what it is, its GGUF's own Q4_1 codes
     (int4, unless a quantization or dtype was chosen), with its shipped ReDrafter on top; on
     CUDA (no quantization chosen) with its shipped EAGLE-3 head as greedy chains of 5, one graph
-    per step (H200: 1.29x plain in bf16 with the policy, 1.47x fixed, GPU_NOTES run 27; the
+    per step (H200, batch 1: 1.55x plain in bf16 with the policy, 1.82x fixed, GPU_NOTES run 29; the
     shipped ReDrafter ran 0.20x there, run 15). A chosen speculative method, ``none`` included,
     wins, and so do a chosen draft length and beam count."""
     import torch
