@@ -49,10 +49,20 @@ class NgramProposer:
 
 
 class NgramDrafts:
-    """Prompt lookup over each sequence's own tokens (drafts are copied, so q is one-hot)."""
+    """Prompt lookup over each sequence's own tokens (drafts are copied, so q is one-hot).
+    On CUDA graphs greedy chains take the one-graph step (:mod:`.ngram_device`)."""
 
-    def __init__(self, lookup: NgramProposer | None = None) -> None:
+    def __init__(self, lookup: NgramProposer | None = None, fused=None) -> None:
         self.lookup = lookup or NgramProposer()
+        self.fused = fused  # a FusedNgram over the same lookup, on CUDA graphs
+
+    def fused_step(self, rows: list[SpecRow], k: int, sinks: int, ahead: bool = False):
+        """Draft, verify and accept in one CUDA graph (None: the engine's general path)."""
+        return None if self.fused is None else self.fused.step(rows, k, ahead)
+
+    def drop_ahead(self) -> None:
+        if self.fused is not None:
+            self.fused.steps.drop()
 
     def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
         out = []

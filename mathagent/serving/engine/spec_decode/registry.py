@@ -20,7 +20,8 @@ from mathagent.serving.engine.spec_config import SpecMethod, SpecMethodError
 from mathagent.serving.engine.spec_decode.draft_model import DraftModelProposer, draft_runner
 from mathagent.serving.engine.spec_decode.eagle3 import Eagle3Proposer
 from mathagent.serving.engine.spec_decode.eagle3_loader import aux_layers, load_head
-from mathagent.serving.engine.spec_decode.ngram import NgramDrafts
+from mathagent.serving.engine.spec_decode.ngram import NgramDrafts, NgramProposer
+from mathagent.serving.engine.spec_decode.ngram_device import FusedNgram
 from mathagent.serving.engine.spec_decode.proposal import Proposer
 from mathagent.serving.engine.spec_decode.redrafter import Drafter, ReDrafterProposer
 
@@ -63,7 +64,9 @@ def head_rows(head: nn.Module, rows: Tensor | None) -> Callable[[Tensor], Tensor
 def load_proposer(method: SpecMethod, target: ModelRunner, beams: int, model_dir: Path) -> Proposer:
     """Build the proposer a method names (loading its weights)."""
     if method.kind == "ngram":
-        return NgramDrafts()
+        lookup = NgramProposer()
+        fused = FusedNgram(lookup, target) if target.graphs is not None else None
+        return NgramDrafts(lookup, fused)
     assert method.path is not None
     if method.kind == "eagle3":
         return load_eagle3(Path(method.path), target, beams)

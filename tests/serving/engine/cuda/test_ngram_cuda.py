@@ -1,0 +1,62 @@
+"""N-gram on the CUDA graphs takes the one-graph chain step (``ngram_device.py`` drafting inside
+``ChainStep``'s graph, launched one ahead): output equals plain greedy in float32, the same
+tokens are drafted as on the host path, and steps launched ahead are used.
+
+Runs only where CUDA and Triton exist; skips on CPU. A float32 model with sharp random weights
+on prompts that repeat themselves, so lookups land.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mathagent.serving.engine.cuda import kernels as cuda_kernels
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not cuda_kernels.available(), reason="needs a CUDA device and Triton"),
+]
+
+SHAPE = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"])  # fmt: skip
+
+
+def _engine(model, eager: bool):
+    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.llm_engine import LLMEngine
+    from mathagent.serving.engine.loader import LoadedModel
+
+    config = EngineConfig(model=None, device=torch.device("cuda"), dtype=torch.float32,
+                          max_batch_size=4, max_seq_len=256, speculative="ngram", draft_len=4,
+                          draft_beams=1, threads=None, eager=eager, adaptive_draft=False)  # fmt: skip
+    return LLMEngine(config, Path("/nonexistent"), LoadedModel(model, None, "random", None, ()))
+
+
+def test_ngram_on_graphs_is_one_graph_per_step_and_stays_plain_greedy() -> None:
+    from mathagent.serving.engine.model import ModelArgs, Transformer
+    from mathagent.serving.engine.sampling_params import SamplingParams
+    from mathagent.serving.engine.spec_config import SpecMethod
+
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs.from_hf_config(SHAPE)).to("cuda").eval()
+    for p in model.parameters():
+        p.data.normal_(0.0, 0.1)
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randint(0, 512, (6,), generator=gen).tolist()
+    prompts = [base * 4, (base[::-1] * 3)[:15], base * 2 + [7, 8]]
+    plain = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, speculative="none")
+    spec = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    eager = _engine(model, eager=True)
+    reference = [r.token_ids for r in eager.generate(prompts, plain)]
+    host = eager.generate(prompts, spec)
+    graphs = _engine(model, eager=False)
+    fused = graphs.generate(prompts, spec)
+    assert [r.token_ids for r in host] == reference
+    assert [r.token_ids for r in fused] == reference
+    proposer = graphs.speculator.proposer(SpecMethod("ngram", None))
+    assert proposer.fused is not None and proposer.fused.steps.captured(), "no one-graph step"
+    assert proposer.fused.steps.claimed > 0, "no step launched ahead was used"
+    assert sum(r.metrics.speculative["accepted_tokens"] for r in fused) > 0
