@@ -114,26 +114,21 @@ class DeviceReplay:
         pass
 
     def fused_step(self, rows: list[SpecRow], k: int, sinks: int, ahead: bool = False):
-        shared = self.shared
         if not (self.steps.fits(len(rows), k) and all(
             r.greedy and r.seq.num_cached > k and r.seq.slot is not None for r in rows
         )):  # fmt: skip
             self.steps.drop()
             return None
-        slots, starts, windows = [], [], []
-        for row in rows:
-            seq, c = row.seq, row.seq.num_cached
-            if shared.owner.get(seq.slot) != seq.request_id:  # a new request in this slot
-                full = (seq.prompt_ids + self.refs[tuple(seq.prompt_ids)])[: shared.max_seq]
-                shared.table[seq.slot].zero_()  # past the reference: zeros, as the host pads
-                shared.table[seq.slot, : len(full)] = torch.tensor(full, device=shared.device)
-                shared.owner[seq.slot] = seq.request_id
-            slots.append(seq.slot)
-            starts.append(c - (k + 1))
-            windows.append(seq.all_ids[c - k : c + 1])
-        host, last = self.steps.step(slots, starts, windows, k, ahead)
-        drafts = [Draft(torch.tensor([w[-1:] + [0] * k])) for w in windows]  # shapes only
-        return drafts, host, last
+        return self.steps.step_rows(rows, k, ahead, self._load)
+
+    def _load(self, row: SpecRow) -> None:
+        """Put the row's reference into its slot's table when a new request holds the slot."""
+        seq, shared = row.seq, self.shared
+        if shared.owner.get(seq.slot) != seq.request_id:
+            full = (seq.prompt_ids + self.refs[tuple(seq.prompt_ids)])[: shared.max_seq]
+            shared.table[seq.slot].zero_()  # past the reference: zeros, as the host pads
+            shared.table[seq.slot, : len(full)] = torch.tensor(full, device=shared.device)
+            shared.owner[seq.slot] = seq.request_id
 
     def drop_ahead(self) -> None:
         self.steps.drop()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
+from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
 from mathagent.serving.engine.spec_decode.tree_batch import TreeBatch
 
 if TYPE_CHECKING:
@@ -69,6 +70,19 @@ class ChainDrafter(Protocol):
     def verified(self, inp: ChainInputs, pos: Tensor, captured: Tensor | None) -> None:
         """After the verify forward over positions ``pos [B, 1 + k]`` (kept streams ``captured``)."""
         ...
+
+
+def windows_of(rows: list[SpecRow], k: int) -> tuple[list[int], list[int], list[list[int]]]:
+    """Each row's slot, window start ``c - (k + 1)`` and window (its last ``k + 1`` tokens,
+    ending with the root at ``c = num_cached``)."""
+    slots, starts, windows = [], [], []
+    for row in rows:
+        seq, c = row.seq, row.seq.num_cached
+        assert seq.slot is not None
+        slots.append(seq.slot)
+        starts.append(c - (k + 1))
+        windows.append(seq.all_ids[c - k : c + 1])
+    return slots, starts, windows
 
 
 def advanced(starts: list[int], windows: list[list[int]], outcome: list[list[int]]) -> tuple:
@@ -171,6 +185,21 @@ class ChainStep:
         if self._ahead is not None:
             self._ahead.expect = (slots, *advanced(starts, windows, outcome))
         return outcome, launch.last
+
+    def step_rows(
+        self, rows: list[SpecRow], k: int, ahead: bool,
+        before: Callable[[SpecRow], None] | None = None,
+    ) -> tuple[list[Draft], list[list[int]], Tensor]:  # fmt: skip
+        """:meth:`step` for greedy rows with room: each row's window is its last ``k + 1``
+        tokens, ending with the root at ``c = num_cached`` (``before(row)`` runs first: a
+        drafter's bookkeeping). Returns the drafts' shapes, the outcome rows and the hidden
+        states, as a proposer's ``fused_step`` does."""
+        for row in rows if before is not None else ():
+            before(row)
+        slots, starts, windows = windows_of(rows, k)
+        host, last = self.step(slots, starts, windows, k, ahead)
+        drafts = [Draft(torch.tensor([w[-1:] + [0] * k])) for w in windows]  # shapes only
+        return drafts, host, last
 
     def drop(self) -> None:
         """Forget a step launched ahead (the batch changed, or the next step is not this one)."""

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mathagent.serving.engine.model import rope_table
-from mathagent.serving.engine.spec_decode.chain_step import ChainStep
+from mathagent.serving.engine.spec_decode.chain_step import ChainStep, windows_of
 from mathagent.serving.engine.spec_decode.eagle3_chain import Eagle3Chain
 from mathagent.serving.engine.spec_decode.eagle3_head import Eagle3Head, attend
 from mathagent.serving.engine.spec_decode.eagle3_loader import aux_layers
@@ -135,10 +135,7 @@ class Eagle3Proposer:
             self.drop_ahead()
             return None
         assert self.steps is not None
-        slots, starts, windows = self._windows(rows, k)
-        host, last = self.steps.step(slots, starts, windows, k, ahead)
-        drafts = [Draft(torch.tensor([w[-1:] + [0] * k])) for w in windows]  # shapes only
-        return drafts, host, last
+        return self.steps.step_rows(rows, k, ahead, lambda row: self._settled(row, k))
 
     def drop_ahead(self) -> None:
         """Forget a step launched ahead: the next step is not the one it guessed."""
@@ -148,20 +145,18 @@ class Eagle3Proposer:
     def _windows(self, rows: list[SpecRow], k: int) -> tuple[list[int], list[int], list]:
         """Each row's slot, window start and window tokens for a chain of ``k``, its layer
         settled (eagerly, after a prefill or plain steps) up to the window's start."""
-        width = k + 1  # the window a verify step of k drafts can have committed
-        slots, starts, windows = [], [], []
         for row in rows:
-            seq, st = row.seq, row.state
-            c = seq.num_cached
-            st.pop("pending", None)  # a chain's accepted drafts are already in place
-            if min(st.get("n", 0), c - 1) < c - width:
-                self._settle(row)
-            st["n"] = c
-            assert seq.slot is not None
-            slots.append(seq.slot)
-            starts.append(c - width)
-            windows.append(seq.all_ids[c - k : c + 1])
-        return slots, starts, windows
+            self._settled(row, k)
+        return windows_of(rows, k)
+
+    def _settled(self, row: SpecRow, k: int) -> None:
+        """Settle the row's layer (eagerly, after a prefill or plain steps) up to the start of
+        its window of ``k + 1`` (what a verify step of ``k`` drafts can have committed)."""
+        st, c = row.state, row.seq.num_cached
+        st.pop("pending", None)  # a chain's accepted drafts are already in place
+        if min(st.get("n", 0), c - 1) < c - (k + 1):
+            self._settle(row)
+        st["n"] = c
 
     def accepted(self, row: SpecRow, old_cached: int, num_accepted: int) -> None:
         """Remember which draft was verified, so the next step can find its accepted branch."""

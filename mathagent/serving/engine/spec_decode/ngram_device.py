@@ -21,7 +21,7 @@ from torch import Tensor
 
 from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, ChainStep
 from mathagent.serving.engine.spec_decode.ngram import NgramProposer
-from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
+from mathagent.serving.engine.spec_decode.proposal import SpecRow
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.model_runner import ModelRunner
@@ -107,13 +107,4 @@ class FusedNgram:
             log.exception("n-gram one-graph step failed to capture; drafting on the host")
             self.broken = True
             return None
-        slots, starts, windows = [], [], []
-        for row in rows:
-            seq, c = row.seq, row.seq.num_cached
-            self.drafter.sync(seq, k + 1)
-            slots.append(seq.slot)
-            starts.append(c - (k + 1))
-            windows.append(seq.all_ids[c - k : c + 1])
-        host, last = self.steps.step(slots, starts, windows, k, ahead)
-        drafts = [Draft(torch.tensor([w[-1:] + [0] * k])) for w in windows]  # shapes only
-        return drafts, host, last
+        return self.steps.step_rows(rows, k, ahead, lambda row: self.drafter.sync(row.seq, k + 1))
