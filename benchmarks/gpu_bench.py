@@ -41,6 +41,7 @@ from mathagent.serving.engine.cuda.kernels import GEMV_CONFIGS
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import LoadedModel, _hf_to_engine
 from mathagent.serving.engine.model import ModelArgs, Transformer
+from mathagent.serving.engine.quant import quantize_fp8
 
 PROMPT_LEN, DECODE_TOKENS, DRAFT_LEN = 32, 256, 4  # verify steps: the root + 4 drafts
 
@@ -64,11 +65,13 @@ def engine_from_hf(hf: torch.nn.Module) -> Transformer:
     return model.eval()
 
 
-def make_engine(model: Transformer, shape: str, max_batch: int, dtype=torch.bfloat16) -> LLMEngine:
+def make_engine(model: Transformer, shape: str, max_batch: int, dtype=torch.bfloat16,
+                quantization: str = "none") -> LLMEngine:  # fmt: skip
     """The engine over ``model`` on CUDA graphs (bf16); speculation per request."""
     config = EngineConfig(model=None, device=torch.device("cuda"), dtype=dtype,
                           max_batch_size=max_batch, max_seq_len=1024, speculative="none",
-                          draft_len=DRAFT_LEN, draft_beams=1, eager=False, threads=None)  # fmt: skip
+                          draft_len=DRAFT_LEN, draft_beams=1, eager=False, threads=None,
+                          quantization=quantization)  # fmt: skip
     loaded = LoadedModel(model, None, f"random:{shape}", None, ())
     return LLMEngine(config, model_dir=None, loaded=loaded)
 
@@ -181,26 +184,47 @@ def bench_shape(shape: str, copy_bw: float) -> dict:
 @torch.inference_mode()
 def bench_spec_only(shape: str, args) -> dict:
     """Only the speculation sections (``--only-spec``): plain and speculative through the engine,
-    per ``--spec-dtype`` (the model converted in place; float32 first, bf16 restored exactly)."""
+    per ``--spec-dtype`` (the model converted in place; float32 first, bf16 restored exactly,
+    fp8 last: quantised from the bf16 weights, its rows also over bf16 plain, issue 18's 4x)."""
     hf = build_hf_model(shape)
     vocab, model = hf.config.vocab_size, engine_from_hf(hf)
     del hf
     torch.cuda.empty_cache()
     res: dict = {}
-    for name in sorted(args.spec_dtype, key=lambda d: d != "float32"):
-        dtype, key = getattr(torch, name), "speculative" + ("_float32" if name == "float32" else "")
-        engine = make_engine(model.to(dtype), shape, 32, dtype)
+    order = {"float32": 0, "bfloat16": 1, "fp8": 2}
+    for name in sorted(args.spec_dtype, key=order.get):
+        key = "speculative" + ("" if name == "bfloat16" else f"_{name}")
+        if name == "fp8":
+            dtype, model = torch.bfloat16, quantize_fp8(model.to(torch.bfloat16))
+        else:
+            dtype, model = getattr(torch, name), model.to(getattr(torch, name))
+        engine = make_engine(model, shape, 32, dtype, "fp8" if name == "fp8" else "none")
         res[key] = {"dtype": name}
         accepts = [int(a) for a in args.acceptances.split(",")]
-        gpu_spec.run(engine, vocab, DRAFT_LEN, acceptances=accepts, out=res[key],
-                     replays=tuple(args.replay))  # fmt: skip
-        _write_out("gpu_bench_partial.json", json.dumps({shape: res}, indent=1))
+        gpu_spec.run(engine, vocab, DRAFT_LEN, batches=args.spec_batches, acceptances=accepts,
+                     out=res[key], replays=tuple(args.replay))  # fmt: skip
+        if name == "fp8" and "batch_1" in res.get("speculative", {}):
+            res[key]["over_bf16_plain_b1"] = over_plain(res[key], res["speculative"])
+        _write_out(args.partial, json.dumps({shape: res}, indent=1))
         if not args.skip_redrafter and dtype == torch.bfloat16:
             res["redrafter_in_loop_b1"] = gpu_spec.redrafter_section(engine, vocab, DRAFT_LEN)
         del engine
         gc.collect()
         torch.cuda.empty_cache()
     return res
+
+
+def over_plain(section: dict, bf16: dict) -> dict:
+    """Batch-1 tokens/s of each FP8 row over the bf16 plain row (issue 18: >= 4x at AL 3)."""
+    base = bf16["batch_1"]["plain_tok_s"]
+    b1 = section["batch_1"]
+    out = {"plain": b1["plain_tok_s"] / base}
+    for key, row in b1.items():
+        if key.startswith("acceptance_"):
+            out.update(
+                {f"{key}_{m}": r["tok_s"] / base for m, r in row.items() if isinstance(r, dict)}
+            )
+    return out
 
 
 def spec_sections(engine: LLMEngine, vocab: int) -> dict:
@@ -218,8 +242,12 @@ def main() -> None:
     parser.add_argument("--only-spec", action="store_true",
                         help="per shape only the speculation sections (through LLMEngine)")  # fmt: skip
     parser.add_argument("--spec-dtype", nargs="+", default=["bfloat16"],
-                        choices=["bfloat16", "float32"], help="--only-spec: model dtypes")  # fmt: skip
+                        choices=["bfloat16", "float32", "fp8"], help="--only-spec: model dtypes")  # fmt: skip
     parser.add_argument("--acceptances", default="1,2,3,4,5", help="--only-spec: lengths")
+    parser.add_argument("--spec-batches", nargs="+", type=int, default=[1, 8, 32],
+                        help="--only-spec: batch sizes")  # fmt: skip
+    parser.add_argument("--partial", default="gpu_bench_partial.json",
+                        help="--only-spec: file under $OUT rewritten after each dtype")  # fmt: skip
     parser.add_argument("--skip-redrafter", action="store_true", help="--only-spec: no ReDrafter")
     parser.add_argument("--replay", nargs="+", default=["device"], choices=["device", "host"],
                         help="--only-spec: where the replay proposer drafts (first fills fixed/auto)")  # fmt: skip

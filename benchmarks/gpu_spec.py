@@ -262,7 +262,7 @@ def run(engine: LLMEngine, vocab: int, draft_len: int, batches=(1, 8, 32), max_t
 
 def goals(spec: dict, draft_len: int) -> dict:
     """Batch 1 fixed draft length: speedup >= 0.8 x acceptance; auto never slower anywhere."""
-    b1 = spec["batch_1"]
+    b1 = spec.get("batch_1", {})
     fixed = [b1[f"acceptance_{a}"]["fixed"] for a in range(2, draft_len + 2)
              if f"acceptance_{a}" in b1]  # fmt: skip
     return {

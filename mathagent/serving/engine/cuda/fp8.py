@@ -9,11 +9,18 @@ both scales. One row (batch-1 decode) goes to :func:`~mathagent.serving.engine.c
 bf16 GEMV's prologue and residual epilogue); several rows
 (batched decode, verify, prefill) go to :func:`linear`: a Triton kernel quantises the rows with
 the same arithmetic, then ``torch._scaled_mm`` runs the FP8 tensor-core product with row-wise
-scales. So a verify row and a decode row see the same codes and scales and differ only in the
+scales, except at 2..16 rows (verify steps) where a measured launch shape exists
+(``ROWS_CONFIGS``): there :func:`rows_linear` streams each weight tile once through the tensor
+cores with the operands swapped (the weight tile is the MMA's 64-row side, the few token rows
+its narrow side), because ``_scaled_mm`` at 5 rows streamed the 8B shape's weights at 1.3-2.5
+TB/s (run 30, ``skinny_sweep.py --models llama-3-8b:fp8``) and broadcast FMAs on the CUDA cores
+were slower still. So a verify row and a decode row see the same codes and scales and differ only in the
 order of float32 sums, as the bf16 path's GEMV and cuBLAS do.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -55,6 +62,28 @@ if triton is not None:
             tl.store(q_ptr + row * K + k0 + rk, _quantize_codes(xv, inv), mask=ok)
         tl.store(s_ptr + row, sx)
 
+    @triton.jit(do_not_specialize=["M"])
+    def _rows_kernel(q_ptr, qs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K: tl.constexpr,
+                     MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+        # y[M, N] = (q[M, K] . w[N, K]) * qs[M] * ws[N], computed as [BLOCK_N, MP] tiles of
+        # w . q^T: BLOCK_N >= 64 makes the weight the wgmma's M side; MP (16) the token rows.
+        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tl.arange(0, MP)
+        rk = tl.arange(0, BLOCK_K)
+        w_ptrs = w_ptr + rn[:, None] * K + rk[None, :]
+        q_ptrs = q_ptr + rm[:, None] * K + rk[None, :]
+        n_ok, m_ok = rn[:, None] < N, rm[:, None] < M
+        acc = tl.zeros((BLOCK_N, MP), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):  # K % BLOCK_K == 0 (rows_config)
+            w = tl.load(w_ptrs + k0, mask=n_ok, other=0.0, eviction_policy="evict_first")
+            q = tl.load(q_ptrs + k0, mask=m_ok, other=0.0)
+            acc = tl.dot(w, tl.trans(q), acc)
+        qs = tl.load(qs_ptr + rm, mask=rm < M, other=0.0)
+        ws = tl.load(ws_ptr + rn, mask=rn < N, other=0.0)
+        y = acc * (ws[:, None] * qs[None, :])
+        tl.store(y_ptr + rm[None, :] * N + rn[:, None], y.to(y_ptr.dtype.element_ty),
+                 mask=(rm[None, :] < M) & (rn[:, None] < N))  # fmt: skip
+
 
 @torch.library.custom_op("mathagent::fp8_quantize_rows", mutates_args=())
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,15 +105,67 @@ def _(x):
     )
 
 
+@dataclass(frozen=True)
+class RowsConfig:
+    """Launch shape of :func:`rows_linear` for one weight shape."""
+
+    block_n: int  # weight rows per program (64 or 128: the wgmma's M side)
+    block_k: int  # must divide K
+    num_warps: int
+    num_stages: int  # tiles in flight (Triton's software pipeline of the K loop)
+
+
+MAX_ROWS = 16  # token rows of one rows_linear call (padded to 16)
+# Measured launch shapes per (N, K), where rows_linear beat _scaled_mm at 2..16 rows; the table
+# is also the dispatch rule (a shape not listed goes to _scaled_mm). Run 32 on one H200
+# (`skinny_sweep.py --models llama-3-8b:fp8 --big-rows 2 5 8`, weights cold in L2,
+# benchmarks/fp8_rows_sweep_h200.json): the Llama-3-8B shapes, us against _scaled_mm.
+ROWS_CONFIGS: dict[tuple[int, int], RowsConfig] = {
+    (6144, 4096): RowsConfig(64, 256, 4, 5),  # 2 rows 8.8 vs 19.1, 5 rows 8.8 vs 20.2, 8 rows 9.2 vs 19.1 us
+    (4096, 4096): RowsConfig(64, 256, 4, 5),  # 2 rows 7.3 vs 14.8, 5 rows 7.4 vs 14.6, 8 rows 7.4 vs 14.7 us
+    (28672, 4096): RowsConfig(64, 256, 4, 2),  # 2 rows 31.5 vs 47.5, 5 rows 32.3 vs 46.9, 8 rows 31.8 vs 51.5 us
+    (4096, 14336): RowsConfig(64, 256, 4, 5),  # 2 rows 20.1 vs 46.6, 5 rows 19.9 vs 42.6, 8 rows 19.8 vs 42.5 us
+}  # fmt: skip
+
+
+def rows_launch(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                y: torch.Tensor, cfg: RowsConfig) -> None:  # fmt: skip
+    """Run the rows kernel: codes ``q [M, K]`` (contiguous, M <= 16), scales ``s [M]``."""
+    m, (n, k) = q.shape[0], weight.shape
+    _rows_kernel[(triton.cdiv(n, cfg.block_n),)](
+        q, s, weight, weight_scale, y, m, n, K=k, MP=MAX_ROWS, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+@torch.library.custom_op("mathagent::fp8_rows_linear", mutates_args=())
+def rows_linear(
+    q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    """``(q * s) @ (weight * weight_scale).T`` for 2..16 rows of e4m3 codes ``q [M, K]``."""
+    y = torch.empty(q.shape[0], weight.shape[0], dtype=out_dtype, device=q.device)
+    rows_launch(q, s.reshape(-1), weight, weight_scale, y, ROWS_CONFIGS[tuple(weight.shape)])
+    return y
+
+
+@rows_linear.register_fake
+def _(q, s, weight, weight_scale, out_dtype):
+    return q.new_empty(q.shape[0], weight.shape[0], dtype=out_dtype)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
     """``x @ W.T`` of the FP8 model for any number of rows, on the FP8 tensor cores."""
     flat = x.reshape(-1, x.shape[-1])
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
     q, s = quantize_rows(flat)
-    out = torch._scaled_mm(
-        q, weight.t(), scale_a=s, scale_b=weight_scale.view(1, -1), out_dtype=x.dtype
-    )
+    if 2 <= flat.shape[0] <= MAX_ROWS and tuple(weight.shape) in ROWS_CONFIGS:
+        out = rows_linear(q, s, weight, weight_scale, x.dtype)
+    else:
+        out = torch._scaled_mm(
+            q, weight.t(), scale_a=s, scale_b=weight_scale.view(1, -1), out_dtype=x.dtype
+        )
     return out.view(*x.shape[:-1], weight.shape[0])
 
 

@@ -100,6 +100,29 @@ def test_tensor_core_rows_compute_the_fp8_model():
         assert rel(cuda_fp8.linear(x, codes, scale.squeeze(-1)), ref) < 4e-3
 
 
+# fp8.RowsConfig candidates: 64- and 128-row weight tiles, pipelines of 2 and 4 tiles
+FP8_ROWS_SHAPES = (cuda_fp8.RowsConfig(64, 128, 4, 4), cuda_fp8.RowsConfig(128, 64, 8, 2))
+
+
+@pytest.mark.parametrize("n,k", [(6144, 4096), (1000, 1024)])
+def test_rows_kernel_computes_the_fp8_model(n, k, monkeypatch):
+    """Verify-sized rows of e4m3 codes times e4m3 weights on the tensor cores, scaled by both:
+    the FP8 model (the reference rule's float32 sums) at 2..16 rows, each launch shape tried,
+    and through linear's dispatch when the table names the shape."""
+    codes, scale = fp8_format.quantize_rows(torch.randn(n, k, device="cuda"))
+    scale = scale.squeeze(-1)
+    monkeypatch.setitem(cuda_fp8.ROWS_CONFIGS, (n, k), FP8_ROWS_SHAPES[0])
+    for m in (2, 5, 16):
+        x = torch.randn(m, k, device="cuda", dtype=BF16) * torch.rand(m, 1, device="cuda") * 5
+        ref = fp8_format.reference_linear(x, codes, scale)
+        assert rel(cuda_fp8.linear(x, codes, scale), ref) < 4e-3, m
+        q, s = cuda_fp8.quantize_rows(x)
+        for cfg in FP8_ROWS_SHAPES:
+            y = torch.empty(m, n, device="cuda", dtype=BF16)
+            cuda_fp8.rows_launch(q, s.view(-1), codes, scale, y, cfg)
+            assert rel(y, ref) < 4e-3, (m, cfg)
+
+
 @pytest.fixture(scope="module")
 def runners():
     """An eager and a CUDA-graph runner over one FP8 model (quantised from sharp bf16 weights)."""
