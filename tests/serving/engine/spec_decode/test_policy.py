@@ -76,6 +76,24 @@ def test_unmeasured_bucket_above_a_closed_one_stays_plain() -> None:
     assert drafted == 0  # the old policy speculated here until it had timed 5 such steps
 
 
+def test_unmeasured_bucket_above_a_losing_one_starts_plain_and_probes_on_budget() -> None:
+    # a perfect drafter would win at batch 8 (ceiling 5/3) but drafts land once in 4 rows there
+    policy = measured(1.0, 3.0, accepted=0, batch=8)
+    for _ in range(40):
+        policy.accepted(8, [1, 0, 0, 0, 2, 0, 0, 0])
+    assert policy.ceiling(8) > 1 and policy.expected_tokens(4) < 3.0
+    drafted = []
+    for _ in range(600):
+        k = policy.choose(32)
+        policy.observed(32, k, 4.0 if k else 1.0)
+        drafted.append(k > 0)
+    assert not any(drafted[:8])  # the old policy measured batch 32 by speculating first
+    assert sum(drafted) / len(drafted) <= 0.03 * 2 and any(drafted)  # probes, on budget
+    # where speculation wins below, a new bucket is still measured by speculating
+    winning = measured(1.0, 2.0, accepted=3, batch=8)
+    assert winning.choose(32) == 4
+
+
 def test_winning_speculation_is_kept_and_a_winning_probe_resets_the_gap() -> None:
     policy = measured(1.0, 2.0, accepted=3)
     assert all(policy.choose(1) == 4 for _ in range(50))  # 4 tokens for 2 steps
