@@ -49,8 +49,6 @@ class Row:
             "MATHAGENT_ENGINE__QUANTIZATION": quant,
             "MATHAGENT_ENGINE__SPECULATIVE": method,
         }
-        if spec == "eagle3":  # chains of 5, one graph per step: the CUDA default's shape
-            env |= {"MATHAGENT_ENGINE__DRAFT_LEN": "5", "MATHAGENT_ENGINE__DRAFT_BEAMS": "1"}
         return cls(name, env, port, url=f"http://127.0.0.1:{port}")
 
 

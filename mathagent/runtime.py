@@ -89,10 +89,8 @@ def default_model_engine(engine: EngineSettings) -> EngineSettings:
     if on_cpu and "speculative" not in chosen:
         update["speculative"] = f"redrafter:{SHIPPED_DRAFTER}"
     elif "speculative" not in chosen and engine.quantization == "none":
+        # drafted as chains of 5 unless chosen otherwise (engine config's default_draft)
         update["speculative"] = f"eagle3:{SHIPPED_EAGLE3}"
-        for name, value in (("draft_len", 5), ("draft_beams", 1)):  # the one-graph chain step
-            if name not in chosen:
-                update[name] = value
     return engine.model_copy(update=update) if update else engine
 
 

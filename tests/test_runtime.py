@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from mathagent.cli import app
@@ -13,6 +14,7 @@ from mathagent.cli.common import with_overrides
 from mathagent.config import EngineSettings, Settings
 from mathagent.model_store import SHIPPED_DRAFTER, SHIPPED_EAGLE3
 from mathagent.runtime import engine_settings_for
+from mathagent.serving.engine.config import default_draft
 
 SHIPPED = f"redrafter:{SHIPPED_DRAFTER}"
 
@@ -27,7 +29,6 @@ def test_default_model_on_a_cpu_speculates_with_its_shipped_drafter(clean_env):
     cpu = engine_settings_for(EngineSettings(device="cpu"), 1)
     assert (cpu.speculative, cpu.quantization) == (SHIPPED, "int4")
     assert cpu.pack_weights  # speculation runs multi-row verify steps: packed weights pay
-    import torch
 
     if not torch.cuda.is_available():  # device auto resolves to the CPU here
         assert engine.speculative == SHIPPED
@@ -39,14 +40,26 @@ def test_default_model_on_cuda_speculates_with_its_shipped_eagle3_head(device):
     # ReDrafter ran at 0.20x there (run 15)
     engine = engine_settings_for(EngineSettings(device=device), 1)
     assert (engine.speculative, engine.quantization) == (f"eagle3:{SHIPPED_EAGLE3}", "none")
-    assert (engine.draft_len, engine.draft_beams) == (5, 1)  # chains: the one-graph step
+    cuda = torch.device("cuda")
+    assert default_draft(engine, cuda, "eagle3") == (5, 1)  # chains: the one-graph step
     assert (SHIPPED_EAGLE3 / "config.json").is_file()
     assert (SHIPPED_EAGLE3 / "model.safetensors").is_file()
     mine = engine_settings_for(EngineSettings(device=device, draft_len=3, draft_beams=2), 1)
-    assert (mine.draft_len, mine.draft_beams) == (3, 2)
+    assert default_draft(mine, cuda, "eagle3") == (3, 2)
     for chosen in ({"speculative": "none"}, {"quantization": "fp8"}):
         other = engine_settings_for(EngineSettings(device=device, **chosen), 1)
         assert other.speculative == "none"
+
+
+def test_eagle3_on_cuda_drafts_chains_of_five_unless_chosen(monkeypatch):
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    head = EngineSettings(speculative="eagle3:/heads/llama-3.1-8b")
+    assert default_draft(head, cuda, "eagle3") == (5, 1)
+    assert default_draft(head, cpu, "eagle3") == (3, 4)  # the CPU keeps the settings' default
+    assert default_draft(EngineSettings(), cuda, "redrafter") == (3, 4)  # ReDrafter's tree
+    monkeypatch.setenv("MATHAGENT_ENGINE__DRAFT_LEN", "2")  # chosen in the environment: wins
+    monkeypatch.setenv("MATHAGENT_ENGINE__SPECULATIVE", "eagle3:/h")
+    assert default_draft(Settings().engine, cuda, "eagle3") == (2, 1)
 
 
 def test_other_models_keep_plain_decoding():

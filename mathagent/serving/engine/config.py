@@ -43,9 +43,10 @@ class EngineConfig:
         if settings.quantization != "none":
             dtype = _quantized_dtype(settings, device)
         try:
-            embedded_method(settings.speculative)
+            method = embedded_method(settings.speculative)
         except SpecMethodError as exc:
             raise EngineConfigError(str(exc)) from exc
+        draft_len, draft_beams = default_draft(settings, device, method.kind)
         return cls(
             model=model,
             device=device,
@@ -53,8 +54,8 @@ class EngineConfig:
             max_batch_size=settings.max_batch_size,
             max_seq_len=settings.max_seq_len,
             speculative=settings.speculative,
-            draft_len=settings.draft_len,
-            draft_beams=settings.draft_beams or default_beams(device, settings.quantization),
+            draft_len=draft_len,
+            draft_beams=draft_beams,
             eager=resolve_eager(settings.eager, device),
             threads=settings.threads,
             quantization=settings.quantization,
@@ -70,6 +71,18 @@ def resolve_eager(eager: bool | str, device: torch.device) -> bool:
     if eager == "auto":
         return device.type != "cuda"
     return bool(eager)
+
+
+def default_draft(settings: EngineSettings, device: torch.device, kind: str) -> tuple[int, int]:
+    """Draft length and beams, the user's where chosen. EAGLE-3 on CUDA defaults to greedy
+    chains of 5 with one beam: the shape whose whole step (draft, verify, accept) runs as one
+    CUDA graph launched ahead (benchmarks/GPU_NOTES.md runs 27-29: 1.82x plain on the H200 with
+    the default model's head); a tree of beams drafts and verifies on the host path."""
+    chosen = settings.model_fields_set
+    chains = kind == "eagle3" and device.type == "cuda"
+    length = 5 if chains and "draft_len" not in chosen else settings.draft_len
+    beams = settings.draft_beams or (1 if chains else default_beams(device, settings.quantization))
+    return length, beams
 
 
 def default_beams(device: torch.device, quantization: str = "none") -> int:
