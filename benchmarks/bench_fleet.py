@@ -9,6 +9,7 @@ other rows go on. ``mathagent bench`` / ``eval`` run as CLI processes too (:func
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,16 +34,19 @@ class Row:
     start_s: float | None = None
     proc: subprocess.Popen | None = field(default=None, repr=False)
     log: Path | None = None
+    command: list[str] | None = None  # instead of `mathagent serve` (replay rows); + --port
 
     @classmethod
     def parse(cls, name: str, port: int, device: str, drafters: dict[str, str]) -> Row:
         base, _, spec = name.partition("+")
         if base not in BASES:
             raise SystemExit(f"row {name!r}: base must be one of {', '.join(BASES)}")
-        if spec and spec not in drafters and spec != "ngram":
-            raise SystemExit(f"row {name!r}: speculation must be ngram or one of {list(drafters)}")
+        replay = re.fullmatch(r"replay([1-9])", spec)
+        if spec and spec not in drafters and spec != "ngram" and not replay:
+            raise SystemExit(f"row {name!r}: speculation must be ngram, replayN (acceptance "
+                             f"N, replay_server.py) or one of {list(drafters)}")  # fmt: skip
         dtype, quant = BASES[base]
-        method = "none" if not spec else "ngram" if spec == "ngram" else f"{spec}:{drafters[spec]}"
+        method = "none" if not spec or replay else "ngram" if spec == "ngram" else f"{spec}:{drafters[spec]}"  # fmt: skip
         env = {
             "MATHAGENT_ENGINE__DEVICE": device,
             "MATHAGENT_ENGINE__DTYPE": dtype,
@@ -100,7 +104,14 @@ class Fleet:
         for row in rows:
             row.log = self.logs / f"{row.port}.log"
             env = {**os.environ, **self.common_env, **row.env, "PYTHONUNBUFFERED": "1"}
-            cmd = [sys.executable, "-m", "mathagent", "serve", "--engine", "embedded"]
+            cmd = row.command or [
+                sys.executable,
+                "-m",
+                "mathagent",
+                "serve",
+                "--engine",
+                "embedded",
+            ]
             cmd += ["--port", str(row.port)]
             with row.log.open("wb") as log:
                 row.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)

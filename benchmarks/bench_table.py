@@ -13,6 +13,13 @@ the two guard rows, with per-set accuracy and where their generations first dive
     python benchmarks/bench_table.py --model MODEL.gguf --bench-set c1.jsonl \
         --bench-set c16.jsonl --warm-set sample --eval-set sample --eval-set gsm8k100.jsonl --out table.json
 
+The 8B shape's rows: ``--model random:llama-3-8b --tokenizer DEFAULT.gguf --rows
+bf16,fp8,fp8+replay3`` (random weights; the stand-in tokenizer's ids are valid in the 8B
+vocabulary, its generated ids beyond the tokenizer's decode to nothing and are counted from
+``usage``). ``+replayN`` rows are acceptance-controlled speculation: ``replay_server.py`` (the
+project's server and engine, the replay proposer its default method) drafts the target's own
+continuation with acceptance length N.
+
 Tools-on evaluation needs the Docker sandbox; where none exists (the GPU machine) the guard is
 tools off, and the JSON says so.
 """
@@ -22,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +46,8 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model path (the default model's GGUF)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--tokenizer", help="for a random: model: a tokenizer (the default model's "
+                   "GGUF) so the servers take chat requests (MATHAGENT_ENGINE__TOKENIZER)")  # fmt: skip
     p.add_argument("--rows", help="comma list of BASE[+SPEC] (default: by device)")
     p.add_argument("--redrafter", default=str(DRAFTERS / "SmolLM2-135M-Instruct"))
     p.add_argument("--eagle3", default=str(DRAFTERS / "SmolLM2-135M-Instruct-eagle3"))
@@ -49,6 +59,8 @@ def parse_args() -> argparse.Namespace:
         "problems, so no level reuses another's cached prompts); none: the guard alone",
     )
     p.add_argument("--warm-set", default="sample", help="dataset of the untimed warm-up")
+    p.add_argument("--replay-draft-len", type=int, default=4,
+                   help="draft length of +replayN rows (gpu_bench.py's: 4)")  # fmt: skip
     p.add_argument("--concurrency", default="1,16")
     p.add_argument("--limits", default="8,32", help="problems per timed bench, per concurrency")
     p.add_argument("--max-tokens", type=int, default=256)
@@ -100,6 +112,21 @@ def bench_all(
         save(f"bench c{c}")
 
 
+def replay_command(row: Row, args: argparse.Namespace, levels: list[int]) -> None:
+    """A ``+replayN`` row serves through ``replay_server.py``, told every problem it will see
+    (each timed set at its concurrency, the warm-up set at the highest)."""
+    spec = row.name.partition("+")[2]
+    if not spec.startswith("replay"):
+        return
+    sets = [f"{d}:{c}" for d, c in zip(args.bench_set, levels, strict=False)]
+    sets.append(f"{args.warm_set}:{max(levels)}")
+    limit = max([*(int(n) for n in args.limits.split(",")), *levels, 2])
+    row.command = [sys.executable, str(MAIN / "benchmarks" / "replay_server.py"),
+                   "--accept", spec.removeprefix("replay"), "--max-tokens", str(args.max_tokens),
+                   "--limit", str(limit), *(a for s in sets for a in ("--prompts", s))]  # fmt: skip
+    row.env["MATHAGENT_ENGINE__DRAFT_LEN"] = str(args.replay_draft_len)
+
+
 def main() -> None:
     args = parse_args()
     device = resolve_device(args.device)
@@ -107,7 +134,11 @@ def main() -> None:
     drafters = {"redrafter": args.redrafter, "eagle3": args.eagle3}
     rows = [Row.parse(n, args.port + i, device, drafters) for i, n in enumerate(names)]
     levels = [int(c) for c in args.concurrency.split(",")]
+    for row in rows:
+        replay_command(row, args, levels)
     common = {"MATHAGENT_MODEL": args.model, "MATHAGENT_ENGINE__MAX_BATCH_SIZE": str(max(levels))}
+    if args.tokenizer:
+        common["MATHAGENT_ENGINE__TOKENIZER"] = args.tokenizer
     args.work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     result: dict = {"meta": _meta(args, device, rows, common)}
@@ -122,9 +153,9 @@ def main() -> None:
         result["bench"] = {"tables": {}, "warm_s": {}}
         if fleet.up and args.bench_set:
             bench_all(fleet.up, args, levels, result["bench"], save)
-        ref, cand = (args.guard_rows or ",".join(names[:2])).split(",")
+        ref, _, cand = (args.guard_rows or ",".join(names[:2])).partition(",")
         up = {r.name: r for r in fleet.up}
-        if args.eval_set and ref in up and cand in up:
+        if args.eval_set and ref in up and cand in up:  # (one row: no guard)
             result["guard"] = guard(up[ref], up[cand], args, _tokenizer(args))
     save("all")
     print(args.out.read_text())

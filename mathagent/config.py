@@ -41,6 +41,11 @@ class EngineSettings(BaseModel):
         description="reuse K/V of a prompt prefix another slot holds (freed slots keep theirs)",
     )
     speculative: str = Field("none", description=EMBEDDED_METHODS)
+    tokenizer: str | None = Field(
+        None,
+        description="tokenizer folder or .gguf used instead of the model's own (vLLM's "
+        "--tokenizer); a random: shape has none, so text and chat requests need one",
+    )
     draft_len: int = Field(3, ge=1, le=16)
     draft_beams: int | None = Field(
         None, ge=1, le=64, description="ReDrafter beams (greedy); unset = 4, or 1 with CPU int4"

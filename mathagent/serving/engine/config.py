@@ -35,6 +35,7 @@ class EngineConfig:
     pack_weights: bool = True
     prefill_chunk: int = 512
     adaptive_draft: bool = True
+    tokenizer: str | None = None  # a tokenizer used instead of the model's own
 
     @classmethod
     def from_settings(cls, settings: EngineSettings, model: str | None = None) -> EngineConfig:
@@ -62,6 +63,7 @@ class EngineConfig:
             prefix_caching=settings.prefix_caching,
             pack_weights=settings.pack_weights,
             adaptive_draft=settings.adaptive_draft,
+            tokenizer=settings.tokenizer,
         )
 
 

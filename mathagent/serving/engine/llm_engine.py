@@ -22,6 +22,7 @@ from mathagent.serving.engine.sequence import RequestMetrics, RequestOutput, Seq
 from mathagent.serving.engine.spec_config import SpecMethodError, embedded_method
 from mathagent.serving.engine.spec_decode.registry import Proposers
 from mathagent.serving.engine.spec_decode.speculator import Speculator
+from mathagent.serving.engine.stand_in_tokenizer import load_tokenizer
 
 
 class PromptError(ValueError):
@@ -52,6 +53,8 @@ class LLMEngine:
             loaded = load_model(
                 config.model, model_dir, config.device, config.dtype, config.quantization
             )
+        if config.tokenizer is not None:
+            loaded.tokenizer = load_tokenizer(config.tokenizer, model_dir)
         self.loaded = loaded
         self.tokenizer = self.loaded.tokenizer
         self.model_name = self.loaded.name

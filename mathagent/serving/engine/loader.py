@@ -56,7 +56,7 @@ RANDOM_SHAPES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
 
 class ModelLoadError(ValueError):
@@ -267,7 +267,7 @@ def load_hf_folder(
         )
     model = model.to(device).eval()
     tokenizer = None
-    if any((folder / f).is_file() for f in _TOKENIZER_FILES):
+    if any((folder / f).is_file() for f in TOKENIZER_FILES):
         tokenizer = AutoTokenizer.from_pretrained(folder)
     eos = set(args.eos_token_ids)
     gen_cfg = folder / "generation_config.json"
