@@ -103,10 +103,20 @@ def gemv_ok(weight: Weight, fast: frozenset[tuple[int, int]]) -> bool:
     return tuple(weight.shape) in fast
 
 
+def fused_ok(weight: Weight, fast: frozenset[tuple[int, int]], rows: int) -> bool:
+    """Whether a ``rows``-row product with ``weight`` takes :func:`gemv`: one row through a
+    Triton GEMV, or FP8 verify rows through :func:`fp8_gemv.rows_gemv`."""
+    if rows == 1:
+        return gemv_ok(weight, fast)
+    return isinstance(weight, tuple) and fp8_gemv.rows_fit(weight[0], rows)
+
+
 def gemv(x: torch.Tensor, weight: Weight, **fused) -> torch.Tensor:
-    """The one-row GEMV for ``weight``'s kind, with the prologue/epilogue in ``fused``."""
+    """The fused product for ``weight``'s kind (one row, or FP8 verify rows), with the
+    prologue/epilogue in ``fused``."""
     if isinstance(weight, tuple):
-        return fp8_gemv.gemv(x, *weight, **fused)
+        one_row = x.numel() == x.shape[-1]
+        return (fp8_gemv.gemv if one_row else fp8_gemv.rows_gemv)(x, *weight, **fused)
     return kernels.gemv(x, weight, **fused)
 
 
@@ -164,15 +174,16 @@ def layer_step(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One decoder layer; returns the residual stream and an MLP output still to be added.
 
-    With one row and Triton GEMVs for all four products, the norms, the SiLU product and the
-    residual adds run inside the GEMVs (no delta is left over); otherwise Inductor fuses them
-    around cuBLAS products and the MLP output is added in the next region.
+    With one row and Triton GEMVs for all four products (or FP8 verify rows, ``fused_ok``), the
+    norms, the SiLU product and the residual adds run inside the products (no delta is left
+    over); otherwise Inductor fuses them around cuBLAS products and the MLP output is added in
+    the next region.
     """
     ln1, wqkv, bqkv, q_norm, k_norm, wo, ln2, w13, w2 = weights
     nh, nkv, hd, eps = shape.n_heads, shape.n_kv, shape.head_dim, shape.eps
     h = h if delta is None else h + delta  # [B, T, H]
     bsz, width, _ = h.shape
-    fused = bsz * width == 1 and all(gemv_ok(w, shape.fast) for w in (wqkv, wo, w13, w2))
+    fused = all(fused_ok(w, shape.fast, bsz * width) for w in (wqkv, wo, w13, w2))
     if fused:
         qkv = gemv(h, wqkv, norm=ln1, eps=eps)
         qkv = qkv if bqkv is None else qkv + bqkv

@@ -63,10 +63,15 @@ if triton is not None:
         tl.store(s_ptr + row, sx)
 
     @triton.jit(do_not_specialize=["M"])
-    def _rows_kernel(q_ptr, qs_ptr, w_ptr, ws_ptr, y_ptr, M, N, K: tl.constexpr,
-                     MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
-        # y[M, N] = (q[M, K] . w[N, K]) * qs[M] * ws[N], computed as [BLOCK_N, MP] tiles of
-        # w . q^T: BLOCK_N >= 64 makes the weight the wgmma's M side; MP (16) the token rows.
+    def _rows_kernel(q_ptr, qs_ptr, w_ptr, ws_ptr, y_ptr, r_ptr, M, N, K: tl.constexpr,
+                     MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     RESID: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+        # y[M, N] = (q[M, K] . w[N, K]) * qs[M] * ws[N] (+ r[M, N]), computed as [BLOCK_N, MP]
+        # tiles of w . q^T: BLOCK_N >= 64 makes the weight the wgmma's M side; MP (16) the rows.
+        # PDL: launched while the row kernel before it runs; waits for its codes.
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rm = tl.arange(0, MP)
         rk = tl.arange(0, BLOCK_K)
@@ -80,9 +85,12 @@ if triton is not None:
             acc = tl.dot(w, tl.trans(q), acc)
         qs = tl.load(qs_ptr + rm, mask=rm < M, other=0.0)
         ws = tl.load(ws_ptr + rn, mask=rn < N, other=0.0)
-        y = acc * (ws[:, None] * qs[None, :])
-        tl.store(y_ptr + rm[None, :] * N + rn[:, None], y.to(y_ptr.dtype.element_ty),
-                 mask=(rm[None, :] < M) & (rn[:, None] < N))  # fmt: skip
+        dt = y_ptr.dtype.element_ty
+        y = (acc * (ws[:, None] * qs[None, :])).to(dt)  # the one-row GEMV's epilogue rounding
+        offs, ok = rm[None, :] * N + rn[:, None], (rm[None, :] < M) & (rn[:, None] < N)
+        if RESID:
+            y = (y.to(tl.float32) + tl.load(r_ptr + offs, mask=ok, other=0.0).to(tl.float32)).to(dt)
+        tl.store(y_ptr + offs, y, mask=ok)
 
 
 @torch.library.custom_op("mathagent::fp8_quantize_rows", mutates_args=())
@@ -129,12 +137,15 @@ ROWS_CONFIGS: dict[tuple[int, int], RowsConfig] = {
 
 
 def rows_launch(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                y: torch.Tensor, cfg: RowsConfig) -> None:  # fmt: skip
-    """Run the rows kernel: codes ``q [M, K]`` (contiguous, M <= 16), scales ``s [M]``."""
+                y: torch.Tensor, cfg: RowsConfig, residual: torch.Tensor | None = None,
+                pdl: bool = False) -> None:  # fmt: skip
+    """Run the rows kernel: codes ``q [M, K]`` (contiguous, M <= 16), scales ``s [M]``, into
+    ``y [M, N]``, adding ``residual [M, N]`` (contiguous) if given."""
     m, (n, k) = q.shape[0], weight.shape
     _rows_kernel[(triton.cdiv(n, cfg.block_n),)](
-        q, s, weight, weight_scale, y, m, n, K=k, MP=MAX_ROWS, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        q, s, weight, weight_scale, y, y if residual is None else residual, m, n, K=k,
+        MP=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, RESID=residual is not None,
+        PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
 
 

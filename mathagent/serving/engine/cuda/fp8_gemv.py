@@ -1,4 +1,5 @@
-"""The FP8 model's one-row product (batch-1 decode): quantise the input row once, then stream.
+"""The FP8 model's one-row product (batch-1 decode): quantise the input row once, then stream;
+and the same fused product for 2..16 verify rows (:func:`rows_gemv`, off until measured).
 
 Two kernels per product, chained with programmatic dependent launch (PDL):
 ``_fp8_row_kernel`` (one program) computes the product's input ``f(x)`` (the bf16 GEMV's
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mathagent.serving.engine.cuda import kernels
+from mathagent.serving.engine.cuda import fp8, kernels
 
 triton = kernels.triton
 if triton is not None:
@@ -30,10 +31,14 @@ if triton is not None:
     from mathagent.serving.engine.cuda.kernels import _gemv_input
 
     @triton.jit
-    def _fp8_row_kernel(x_ptr, g_ptr, q_ptr, s_ptr, K, eps, PRO: tl.constexpr,
+    def _fp8_row_kernel(x_ptr, g_ptr, q_ptr, s_ptr, K, stride_x, eps, PRO: tl.constexpr,
                         BLOCK: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
-        # One program holds the whole row: f(x), max |f(x)|, scale, codes (one read of x).
+        # One program holds a whole row: f(x), max |f(x)|, scale, codes (one read of x).
         dt = x_ptr.dtype.element_ty
+        row = tl.program_id(0)
+        x_ptr += row * stride_x
+        q_ptr += row * K
+        s_ptr += row
         rk = tl.arange(0, BLOCK)
         ok = rk < K
         if PDL:
@@ -93,6 +98,11 @@ if triton is not None:
         _epilogue(tl.sum(acc, axis=1), s_ptr, ws_ptr, y_ptr, r_ptr, rn, N, RESID)
 
 
+# Verify rows of the FP8 model through rows_gemv (norm / SiLU / residual fused, as at one row).
+# Off until measured on the device: built after the last device call of 2026-12-02.
+FUSED_ROWS = False
+
+
 @dataclass(frozen=True)
 class Fp8GemvConfig:
     """Launch shape of the fp8 one-row GEMV for one weight shape."""
@@ -145,10 +155,61 @@ def quantize_row(
     q = torch.empty(k, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(1, dtype=torch.float32, device=x.device)
     _fp8_row_kernel[(1,)](
-        x, x if norm is None else norm, q, s, k, eps, PRO=pro, BLOCK=triton.next_power_of_2(k),
-        PDL=pdl, num_warps=row_warps(k, pro), launch_pdl=pdl,
+        x, x if norm is None else norm, q, s, k, 0, eps, PRO=pro,
+        BLOCK=triton.next_power_of_2(k), PDL=pdl, num_warps=row_warps(k, pro), launch_pdl=pdl,
     )  # fmt: skip
     return q, s
+
+
+def quantize_input_rows(
+    x2: torch.Tensor, k: int, norm: torch.Tensor | None, eps: float, pro: int, pdl: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 codes ``[M, k]`` and scales ``[M]`` of the product input ``f(x)`` of each row of
+    ``x2 [M, k or 2k]`` (last stride 1): the one-row kernel, one program per row."""
+    m = x2.shape[0]
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x2.device)
+    s = torch.empty(m, dtype=torch.float32, device=x2.device)
+    _fp8_row_kernel[(m,)](
+        x2, x2 if norm is None else norm, q, s, k, x2.stride(0), eps, PRO=pro,
+        BLOCK=triton.next_power_of_2(k), PDL=pdl, num_warps=row_warps(k, pro), launch_pdl=pdl,
+    )  # fmt: skip
+    return q, s
+
+
+def rows_fit(weight: torch.Tensor, rows: int) -> bool:
+    """Whether a ``rows``-row product with this e4m3 weight takes :func:`rows_gemv` (the fused
+    verify path is on, the rows fit one tile, the shape has a measured launch shape)."""
+    return FUSED_ROWS and 2 <= rows <= fp8.MAX_ROWS and tuple(weight.shape) in fp8.ROWS_CONFIGS
+
+
+@torch.library.custom_op("mathagent::fp8_rows_gemv", mutates_args=())
+def rows_gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    norm: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    silu_mul: bool = False,
+) -> torch.Tensor:
+    """:func:`gemv` for 2..16 rows: each row's ``f(x)`` quantised by the row kernel, then the
+    tensor-core rows kernel (:func:`fp8.rows_launch`) with the residual add in its epilogue."""
+    n, k = weight.shape
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    pro = 1 if norm is not None else 2 if silu_mul else 0
+    pdl = kernels.pdl_supported()
+    q, s = quantize_input_rows(x2, k, norm, eps, pro, pdl)
+    y = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
+    r = None if residual is None else residual.reshape(-1, n).contiguous()
+    fp8.rows_launch(q, s, weight, weight_scale, y, fp8.ROWS_CONFIGS[(n, k)], r, pdl)
+    return y.view(*x.shape[:-1], n)
+
+
+@rows_gemv.register_fake
+def _(x, weight, weight_scale, norm=None, residual=None, eps=1e-6, silu_mul=False):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 @torch.library.custom_op("mathagent::fp8_gemv", mutates_args=())

@@ -123,6 +123,54 @@ def test_rows_kernel_computes_the_fp8_model(n, k, monkeypatch):
             assert rel(y, ref) < 4e-3, (m, cfg)
 
 
+@pytest.mark.parametrize("mode", ["plain", "norm", "silu", "resid"])
+def test_fused_rows_compute_the_fp8_model(mode, monkeypatch):
+    """The verify rows' fused product (fp8_gemv.rows_gemv): each row's f(x) quantised by the
+    one-row kernel, the tensor-core rows kernel, the residual in its epilogue."""
+    n, k = 3072, 4096
+    monkeypatch.setitem(cuda_fp8.ROWS_CONFIGS, (n, k), cuda_fp8.RowsConfig(64, 256, 4, 3))
+    codes, scale = fp8_format.quantize_rows(torch.randn(n, k, device="cuda"))
+    scale = scale.squeeze(-1)
+    for m in (2, 5, 16):
+        x = torch.randn(m, 2 * k if mode == "silu" else k, device="cuda", dtype=BF16)
+        g = torch.randn(k, device="cuda", dtype=BF16)
+        r = torch.randn(m, n, device="cuda", dtype=BF16)
+        kw = {
+            "norm": dict(norm=g, eps=1e-5),
+            "silu": dict(silu_mul=True),
+            "resid": dict(residual=r),
+        }
+        ref = fp8_format.reference_linear(_product_input(mode, x, g, k), codes, scale)
+        ref = ref + r if mode == "resid" else ref
+        assert rel(fp8_gemv.rows_gemv(x, codes, scale, **kw.get(mode, {})), ref) < 4e-3, m
+
+
+def test_fused_verify_rows_keep_plain_greedy(monkeypatch):
+    """With the fused verify rows on (FUSED_ROWS, the test model's shapes in ROWS_CONFIGS),
+    speculative greedy gives plain greedy's tokens up to a near-tie, as on the unfused path."""
+    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.model import ModelArgs, Transformer
+    from mathagent.serving.engine.model_runner import ModelRunner
+    from mathagent.serving.engine.quant import quantize_fp8
+
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs.from_hf_config(SHAPE)).to("cuda").eval()
+    for p in model.parameters():
+        p.data.normal_(0.0, 0.08)
+    model = quantize_fp8(model)
+    monkeypatch.setattr(fp8_gemv, "FUSED_ROWS", True)
+    for n, k in ((1536, 1024), (1024, 1024), (4096, 1024), (1024, 2048)):
+        monkeypatch.setitem(cuda_fp8.ROWS_CONFIGS, (n, k), cuda_fp8.RowsConfig(64, 256, 4, 3))
+    config = EngineConfig(model=None, device=torch.device("cuda"), dtype=BF16, max_batch_size=4,
+                          max_seq_len=256, speculative="none", draft_len=4, draft_beams=1,
+                          threads=None, quantization="fp8", eager=False)  # fmt: skip
+    from mathagent.serving.engine.cuda.forward import fused_ok, layer_weights
+
+    weights = layer_weights(model.layers[0])
+    assert all(fused_ok(weights[i], frozenset(), 4) for i in (1, 5, 7, 8))  # the path under test
+    _verify_equals_plain(ModelRunner(model, config))
+
+
 @pytest.fixture(scope="module")
 def runners():
     """An eager and a CUDA-graph runner over one FP8 model (quantised from sharp bf16 weights)."""
@@ -186,7 +234,10 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
 def test_fp8_speculative_verify_equals_plain_greedy(runners):
     """Verify rows (1 + 3 drafted tokens, one draft corrupted per step) on the tensor cores give
     plain greedy's tokens from the one-row GEMV, up to a near-tie of plain's logits."""
-    _, fast = runners
+    _verify_equals_plain(runners[1])
+
+
+def _verify_equals_plain(fast) -> None:
     prompt = torch.randint(0, 2048, (16,), generator=torch.Generator().manual_seed(4)).tolist()
     plain, gaps = greedy(fast, prompt, 30, slot=2)
     out = [plain[0]]
