@@ -105,7 +105,7 @@ def gemv_ok(weight: Weight, fast: frozenset[tuple[int, int]]) -> bool:
 
 def fused_ok(weight: Weight, fast: frozenset[tuple[int, int]], rows: int) -> bool:
     """Whether a ``rows``-row product with ``weight`` takes :func:`gemv`: one row through a
-    Triton GEMV, or FP8 verify rows through :func:`fp8_gemv.rows_gemv`."""
+    Triton GEMV, or FP8 verify rows through :func:`fp8_gemv.gemv`'s rows kernel."""
     if rows == 1:
         return gemv_ok(weight, fast)
     return isinstance(weight, tuple) and fp8_gemv.rows_fit(weight[0], rows)
@@ -115,8 +115,7 @@ def gemv(x: torch.Tensor, weight: Weight, **fused) -> torch.Tensor:
     """The fused product for ``weight``'s kind (one row, or FP8 verify rows), with the
     prologue/epilogue in ``fused``."""
     if isinstance(weight, tuple):
-        one_row = x.numel() == x.shape[-1]
-        return (fp8_gemv.gemv if one_row else fp8_gemv.rows_gemv)(x, *weight, **fused)
+        return fp8_gemv.gemv(x, *weight, **fused)
     return kernels.gemv(x, weight, **fused)
 
 

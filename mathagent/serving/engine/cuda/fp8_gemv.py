@@ -1,5 +1,5 @@
 """The FP8 model's one-row product (batch-1 decode): quantise the input row once, then stream;
-and the same fused product for 2..16 verify rows (:func:`rows_gemv`, off until measured).
+and the same fused product for 2..16 verify rows (:func:`gemv` there too, off until measured).
 
 Two kernels per product, chained with programmatic dependent launch (PDL):
 ``_fp8_row_kernel`` (one program) computes the product's input ``f(x)`` (the bf16 GEMV's
@@ -98,7 +98,7 @@ if triton is not None:
         _epilogue(tl.sum(acc, axis=1), s_ptr, ws_ptr, y_ptr, r_ptr, rn, N, RESID)
 
 
-# Verify rows of the FP8 model through rows_gemv (norm / SiLU / residual fused, as at one row).
+# Verify rows of the FP8 model through gemv (norm / SiLU / residual fused, as at one row).
 # Off until measured on the device: built after the last device call of 2026-12-02.
 FUSED_ROWS = False
 
@@ -152,13 +152,8 @@ def quantize_row(
     x: torch.Tensor, k: int, norm: torch.Tensor | None, eps: float, pro: int, pdl: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """e4m3 codes ``[k]`` and scale ``[1]`` of the product input ``f(x)`` (one row)."""
-    q = torch.empty(k, dtype=torch.float8_e4m3fn, device=x.device)
-    s = torch.empty(1, dtype=torch.float32, device=x.device)
-    _fp8_row_kernel[(1,)](
-        x, x if norm is None else norm, q, s, k, 0, eps, PRO=pro,
-        BLOCK=triton.next_power_of_2(k), PDL=pdl, num_warps=row_warps(k, pro), launch_pdl=pdl,
-    )  # fmt: skip
-    return q, s
+    q, s = quantize_input_rows(x.view(1, -1), k, norm, eps, pro, pdl)
+    return q.view(k), s
 
 
 def quantize_input_rows(
@@ -177,23 +172,14 @@ def quantize_input_rows(
 
 
 def rows_fit(weight: torch.Tensor, rows: int) -> bool:
-    """Whether a ``rows``-row product with this e4m3 weight takes :func:`rows_gemv` (the fused
+    """Whether a ``rows``-row product with this e4m3 weight takes :func:`gemv` (the fused
     verify path is on, the rows fit one tile, the shape has a measured launch shape)."""
     return FUSED_ROWS and 2 <= rows <= fp8.MAX_ROWS and tuple(weight.shape) in fp8.ROWS_CONFIGS
 
 
-@torch.library.custom_op("mathagent::fp8_rows_gemv", mutates_args=())
-def rows_gemv(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    norm: torch.Tensor | None = None,
-    residual: torch.Tensor | None = None,
-    eps: float = 1e-6,
-    silu_mul: bool = False,
-) -> torch.Tensor:
-    """:func:`gemv` for 2..16 rows: each row's ``f(x)`` quantised by the row kernel, then the
-    tensor-core rows kernel (:func:`fp8.rows_launch`) with the residual add in its epilogue."""
+def _rows_gemv(x, weight, weight_scale, norm, residual, eps, silu_mul) -> torch.Tensor:
+    # 2..16 rows: each row's f(x) quantised by the row kernel, then the tensor-core rows kernel
+    # (fp8.rows_launch) with the residual add in its epilogue
     n, k = weight.shape
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
@@ -207,11 +193,6 @@ def rows_gemv(
     return y.view(*x.shape[:-1], n)
 
 
-@rows_gemv.register_fake
-def _(x, weight, weight_scale, norm=None, residual=None, eps=1e-6, silu_mul=False):
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
-
-
 @torch.library.custom_op("mathagent::fp8_gemv", mutates_args=())
 def gemv(
     x: torch.Tensor,
@@ -223,11 +204,14 @@ def gemv(
     silu_mul: bool = False,
     config: list[int] | None = None,
 ) -> torch.Tensor:
-    """``f(x) @ (weight[N, K] * weight_scale[N]).T (+ residual)`` for one row, FP8 model.
+    """``f(x) @ (weight[N, K] * weight_scale[N]).T (+ residual)`` for one row, FP8 model; for
+    2..16 rows (verify, where :func:`rows_fit`) the same through the tensor-core rows kernel.
 
-    ``f`` as in :func:`kernels.gemv`. ``config`` (the sweep's knob) overrides the launch shape:
-    ``[block_n, block_k, warps]``.
+    ``f`` as in :func:`kernels.gemv`. ``config`` (the sweep's knob) overrides the one-row
+    launch shape: ``[block_n, block_k, warps]``.
     """
+    if x.numel() != x.shape[-1]:
+        return _rows_gemv(x, weight, weight_scale, norm, residual, eps, silu_mul)
     n, k = weight.shape
     x1 = x.reshape(-1).contiguous()
     pro = 1 if norm is not None else 2 if silu_mul else 0

@@ -125,7 +125,7 @@ def test_rows_kernel_computes_the_fp8_model(n, k, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["plain", "norm", "silu", "resid"])
 def test_fused_rows_compute_the_fp8_model(mode, monkeypatch):
-    """The verify rows' fused product (fp8_gemv.rows_gemv): each row's f(x) quantised by the
+    """The verify rows' fused product (fp8_gemv.gemv at 2..16 rows): each row's f(x) quantised by the
     one-row kernel, the tensor-core rows kernel, the residual in its epilogue."""
     n, k = 3072, 4096
     monkeypatch.setitem(cuda_fp8.ROWS_CONFIGS, (n, k), cuda_fp8.RowsConfig(64, 256, 4, 3))
@@ -142,7 +142,7 @@ def test_fused_rows_compute_the_fp8_model(mode, monkeypatch):
         }
         ref = fp8_format.reference_linear(_product_input(mode, x, g, k), codes, scale)
         ref = ref + r if mode == "resid" else ref
-        assert rel(fp8_gemv.rows_gemv(x, codes, scale, **kw.get(mode, {})), ref) < 4e-3, m
+        assert rel(fp8_gemv.gemv(x, codes, scale, **kw.get(mode, {})), ref) < 4e-3, m
 
 
 def test_fused_verify_rows_keep_plain_greedy(monkeypatch):
