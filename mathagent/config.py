@@ -48,7 +48,10 @@ class EngineSettings(BaseModel):
     )
     draft_len: int = Field(3, ge=1, le=16)
     draft_beams: int | None = Field(
-        None, ge=1, le=64, description="ReDrafter beams (greedy); unset = 4, or 1 with CPU int4"
+        None,
+        ge=1,
+        le=64,
+        description="draft beams (greedy); unset = 4, 1 with CPU int4 or EAGLE-3 on CUDA",
     )
     eager: bool | Literal["auto"] = Field(
         "auto", description="skip torch.compile / CUDA graphs; auto = graphs on CUDA, eager on CPU"
