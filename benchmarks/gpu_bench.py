@@ -248,17 +248,17 @@ def main() -> None:
                         help="--only-spec: batch sizes")  # fmt: skip
     parser.add_argument("--partial", default="gpu_bench_partial.json",
                         help="--only-spec: file under $OUT rewritten after each dtype")  # fmt: skip
-    parser.add_argument("--fp8-fused-rows", action="store_true",
-                        help="FP8 verify rows with the norm / SiLU / residual fused (fp8_gemv.FUSED_ROWS)")  # fmt: skip
+    parser.add_argument("--fp8-unfused-rows", action="store_true",
+                        help="FP8 verify rows through fp8.linear, norm / SiLU / residual apart (fp8_gemv.FUSED_ROWS off)")  # fmt: skip
     parser.add_argument("--skip-redrafter", action="store_true", help="--only-spec: no ReDrafter")
     parser.add_argument("--replay", nargs="+", default=["device"], choices=["device", "host"],
                         help="--only-spec: where the replay proposer drafts (first fills fixed/auto)")  # fmt: skip
     gpu_default_model.add_arguments(parser)
     args = parser.parse_args()
-    if args.fp8_fused_rows:
+    if args.fp8_unfused_rows:
         from mathagent.serving.engine.cuda import fp8_gemv
 
-        fp8_gemv.FUSED_ROWS = True
+        fp8_gemv.FUSED_ROWS = False
     torch.manual_seed(0)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     out: dict = {"device": gpu, "torch": torch.__version__}

@@ -21,7 +21,10 @@ unmeasured bucket above a closed one starts closed (a verify step's cost grows w
 width while plain batched decode stays cheap per row), and one above a bucket where speculation
 loses at the acceptance measured now starts plain with probes, so neither is measured by
 speculating (run 31, 8B float32, batch 32: a 5-wide step cost 3.9x a plain one, and measuring
-each new bucket by speculating cost ~5% of the run).
+each new bucket by speculating cost ~5% of the run). Nor is a bucket measured by speculating
+once the first drafted rows show drafts all but never land: a step of drafts costs at least a
+plain step, so at ``E(k) < 1 + _FUTILE`` plain wins whatever the costs turn out to be (run 31,
+batch 8, acceptance 1.0: the five speculative steps that timed the bucket cost 2.5% of the run).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ _DECAY = 0.97  # per speculative step, for the acceptance counts
 _PROBE = 2  # speculative steps a probe takes at most (the first may only refresh a hidden state)
 _BUDGET, _CLOSED_BUDGET = 0.03, 0.005  # share of plain time probes may cost (open, closed)
 _MIN_GAP, _MAX_GAP = 8, 1 << 15  # plain steps between probes
+_FUTILE, _FUTILE_ROWS = 0.1, 1.5  # drafts per row under which speculation cannot pay; rows seen
+_UNTIMED_RATIO = 2.0  # cost ratio assumed for probe gaps before any bucket is timed
 
 
 def bucket(batch: int) -> int:
@@ -129,7 +134,8 @@ class DraftPolicy:
         ceiling = self.ceiling(b)
         if ceiling is None:
             below = self._measured_below(b)
-            if below is None or self._best(below):  # time both steps here, speculative first
+            if not self._futile() and (below is None or self._best(below)):
+                # time both steps here, speculative first
                 return (0 if self._shape(b, self.max_len).ready else self.max_len), "measure"
             # speculation loses below at the acceptance measured now: it loses here too (the
             # cost ratio grows with the batch), so start plain, probing on the open budget
@@ -154,6 +160,10 @@ class DraftPolicy:
             return c
         return None
 
+    def _futile(self) -> bool:
+        """Drafted rows were seen and their drafts all but never land (any cost loses)."""
+        return self._rows >= _FUTILE_ROWS and self.expected_tokens(self.max_len) < 1 + _FUTILE
+
     def _best(self, b: int) -> int:
         """The draft length of the highest estimated rate at measured bucket ``b``."""
         return max(self.lengths, key=lambda k: self._rate(b, k))
@@ -173,6 +183,8 @@ class DraftPolicy:
         k = self.max_len if k is None else k
         while not self._measured(b) and b > 1:
             b >>= 1
+        if not self._measured(b):
+            return _UNTIMED_RATIO
         return self._cost(b, k) / self._shape(b, 0).seconds
 
     def _rate(self, b: int, k: int) -> float:

@@ -94,6 +94,32 @@ def test_unmeasured_bucket_above_a_losing_one_starts_plain_and_probes_on_budget(
     assert winning.choose(32) == 4
 
 
+@pytest.mark.parametrize("batch", [1, 8])
+def test_drafts_that_never_land_stop_speculation_before_the_bucket_is_timed(batch: int) -> None:
+    # acceptance 1.0 from the first step (run 31, batch 8: timing the bucket by speculating
+    # cost five steps at 1.7x a plain one, 2.5% of a 128-token run)
+    policy = DraftPolicy(4)
+    drafted = []
+    for _ in range(128):
+        k = policy.choose(batch)
+        policy.observed(batch, k, 1.7 if k else 1.0)
+        if k:
+            policy.accepted(batch, [0] * batch)
+        drafted.append(k > 0)
+    assert drafted[0]  # nothing measured yet: speculation is tried first
+    assert sum(drafted[:20]) <= (1 if batch > 1 else 2)  # then plain (old policy: 5)
+    assert any(drafted[20:])  # it still probes, on the open budget
+
+
+def test_drafts_that_land_are_still_timed_by_speculating() -> None:
+    policy = DraftPolicy(4)
+    for _ in range(3):
+        k = policy.choose(1)
+        policy.observed(1, k, 1.5 if k else 1.0)
+        policy.accepted(1, [1])
+    assert k == 4  # E = 2 tokens per step: still worth measuring
+
+
 def test_winning_speculation_is_kept_and_a_winning_probe_resets_the_gap() -> None:
     policy = measured(1.0, 2.0, accepted=3)
     assert all(policy.choose(1) == 4 for _ in range(50))  # 4 tokens for 2 steps
