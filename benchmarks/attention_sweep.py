@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from gemv_sweep import graph_us
 
 from mathagent.serving.engine.cuda import attention as attn
-from mathagent.serving.engine.loader import RANDOM_SHAPES
+from mathagent.serving.engine.random_model import RANDOM_SHAPES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CANDIDATES = [

@@ -13,8 +13,10 @@ the two guard rows, with per-set accuracy and where their generations first dive
     python benchmarks/bench_table.py --model MODEL.gguf --bench-set c1.jsonl \
         --bench-set c16.jsonl --warm-set sample --eval-set sample --eval-set gsm8k100.jsonl --out table.json
 
-The 8B shape's rows: ``--model random:llama-3-8b --tokenizer DEFAULT.gguf --rows
-bf16,fp8,fp8+replay3`` (random weights; the stand-in tokenizer's ids are valid in the 8B
+The 8B shape's rows: ``--model random:llama-3-8b:stable --tokenizer DEFAULT.gguf --rows
+bf16,fp8,fp8+replay3`` (random weights whose greedy path rounding cannot change, so the
+replayed continuation holds when the policy takes plain steps: with ``random:llama-3-8b`` the
+replay rows of run 37 measured acceptance 1.0; the stand-in tokenizer's ids are valid in the 8B
 vocabulary, its generated ids beyond the tokenizer's decode to nothing and are counted from
 ``usage``). ``+replayN`` rows are acceptance-controlled speculation: ``replay_server.py`` (the
 project's server and engine, the replay proposer its default method) drafts the target's own

@@ -30,7 +30,8 @@ from mathagent.serving.engine import fp8_format
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.cuda import fp8 as cuda_fp8
 from mathagent.serving.engine.llm_engine import LLMEngine
-from mathagent.serving.engine.loader import RANDOM_SHAPES, load_model
+from mathagent.serving.engine.loader import load_model
+from mathagent.serving.engine.random_model import RANDOM_SHAPES
 from mathagent.serving.engine.sampling_params import SamplingParams
 
 DATASHEET_BYTES_PER_S = 4.8e12

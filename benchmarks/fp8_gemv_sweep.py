@@ -21,7 +21,7 @@ from gemv_sweep import graph_us, uses
 
 from mathagent.serving.engine import fp8_format
 from mathagent.serving.engine.cuda import fp8_gemv
-from mathagent.serving.engine.loader import RANDOM_SHAPES
+from mathagent.serving.engine.random_model import RANDOM_SHAPES
 
 SHAPE = "llama-3-8b"
 # [block_n, block_k, warps]: run F4 call 1's tiles (two 16-byte loads per thread and tile)

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from mathagent.serving.engine.cuda import kernels as cuda_kernels
 from mathagent.serving.engine.cuda.kernels import GemvConfig
-from mathagent.serving.engine.loader import RANDOM_SHAPES as SHAPES
+from mathagent.serving.engine.random_model import RANDOM_SHAPES as SHAPES
 
 
 def uses(shape: str) -> dict[str, tuple[int, int, int, bool]]:

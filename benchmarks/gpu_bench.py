@@ -42,6 +42,7 @@ from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import LoadedModel, _hf_to_engine
 from mathagent.serving.engine.model import ModelArgs, Transformer
 from mathagent.serving.engine.quant import quantize_fp8
+from mathagent.serving.engine.random_model import stabilize_greedy
 
 PROMPT_LEN, DECODE_TOKENS, DRAFT_LEN = 32, 256, 4  # verify steps: the root + 4 drafts
 
@@ -189,8 +190,10 @@ def bench_spec_only(shape: str, args) -> dict:
     hf = build_hf_model(shape)
     vocab, model = hf.config.vocab_size, engine_from_hf(hf)
     del hf
+    if args.weights == "stable":  # plain and verify steps decode alike: the replay holds
+        stabilize_greedy(model)
     torch.cuda.empty_cache()
-    res: dict = {}
+    res: dict = {"weights": args.weights}
     order = {"float32": 0, "bfloat16": 1, "fp8": 2}
     for name in sorted(args.spec_dtype, key=order.get):
         key = "speculative" + ("" if name == "bfloat16" else f"_{name}")
@@ -251,6 +254,9 @@ def main() -> None:
     parser.add_argument("--fp8-unfused-rows", action="store_true",
                         help="FP8 verify rows through fp8.linear, norm / SiLU / residual apart (fp8_gemv.FUSED_ROWS off)")  # fmt: skip
     parser.add_argument("--skip-redrafter", action="store_true", help="--only-spec: no ReDrafter")
+    parser.add_argument("--weights", default="stable", choices=["stable", "random"],
+                        help="--only-spec: random weights, or stable ones (random_model.stabilize_greedy: "
+                             "bf16/fp8 plain steps keep the replayed path)")  # fmt: skip
     parser.add_argument("--replay", nargs="+", default=["device"], choices=["device", "host"],
                         help="--only-spec: where the replay proposer drafts (first fills fixed/auto)")  # fmt: skip
     gpu_default_model.add_arguments(parser)

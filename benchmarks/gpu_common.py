@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from mathagent.serving.engine.loader import RANDOM_SHAPES  # the model shapes, one list
+from mathagent.serving.engine.random_model import RANDOM_SHAPES  # the model shapes, one list
 from mathagent.serving.engine.sampling_params import SamplingParams
 
 DATASHEET_HBM_BYTES_PER_S = 4.8e12  # H200 SXM datasheet

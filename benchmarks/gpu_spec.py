@@ -7,7 +7,10 @@ A random model has no drafter worth the name, so a replay proposer registered in
 tokens (acceptance length ``a``; ``a = draft_len + 1`` is no corruption). The continuation is
 the engine's own output with always-rejected drafts (verify-shaped steps of the same batch),
 since in bf16 a random model's top logits nearly tie and a one-row and a five-row product
-round differently; how often that output differs from plain greedy is reported. With
+round differently; how often that output differs from plain greedy is reported. With such
+weights a policy's plain steps leave the recorded path and drafts stop landing, so the GPU bench
+runs stable weights by default (``random_model.stabilize_greedy``: same shapes, a wide top-1
+margin), where plain greedy and the verify-width output agree in bf16 and fp8 too. With
 ``inner`` a ReDrafter head of the target's shape drafts inside the loop each step (its drafts
 are discarded for the replayed ones), so drafting costs what it would. Each acceptance runs
 with the draft-length policy off (``fixed``: every step verifies ``draft_len`` drafts) and on

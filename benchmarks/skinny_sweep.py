@@ -38,7 +38,7 @@ from mathagent.serving.engine.cuda import fp8, kernels
 from mathagent.serving.engine.cuda import skinny as sk
 from mathagent.serving.engine.cuda.fp8 import RowsConfig
 from mathagent.serving.engine.cuda.skinny import SkinnyConfig
-from mathagent.serving.engine.loader import RANDOM_SHAPES
+from mathagent.serving.engine.random_model import RANDOM_SHAPES
 
 COLD_BYTES = 192 << 20  # over three times the H200's 60 MB L2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn}

@@ -65,27 +65,38 @@ def test_a_folder_without_tokenizer_files_is_refused(tmp_path):
         _engine("tiny", str(tmp_path))
 
 
-def test_the_replay_server_drafts_at_the_acceptance_it_was_set(clean_env, gguf, tmp_path):
+@pytest.mark.parametrize(
+    ("model", "dtype", "adaptive", "tokens"),
+    [
+        ("random:smollm2-135m", "float32", "false", 13),
+        # bf16 with the draft-length policy on, as the 8B table rows run (the stable variant's
+        # path surviving other rounding is checked in engine/test_random_model.py)
+        ("random:smollm2-135m:stable", "bfloat16", "true", 40),
+    ],
+)
+def test_the_replay_server_drafts_at_the_acceptance_it_was_set(
+    clean_env, gguf, tmp_path, model, dtype, adaptive, tokens
+):
     """``benchmarks/replay_server.py`` (bench_table's ``+replayN`` rows): the project's server
     with the replay as its default method lands ``N - 1`` drafts a step on the prompts it
     recorded, rendered as ``mathagent bench`` sends them, and none on others."""
     from benchmarks.replay_server import builder, parse_args
     from mathagent.evals.bench import PROMPT_SUFFIX
 
-    for key, value in {"MODEL": "random:smollm2-135m", "ENGINE__DEVICE": "cpu",
-                       "ENGINE__DTYPE": "float32", "ENGINE__TOKENIZER": gguf,
-                       "ENGINE__MAX_SEQ_LEN": "256", "ENGINE__DRAFT_LEN": "4",
-                       "ENGINE__ADAPTIVE_DRAFT": "false"}.items():  # fmt: skip
+    for key, value in {"MODEL": model, "ENGINE__DEVICE": "cpu", "ENGINE__DTYPE": dtype,
+                       "ENGINE__TOKENIZER": gguf, "ENGINE__MAX_SEQ_LEN": "256",
+                       "ENGINE__DRAFT_LEN": "4", "ENGINE__ADAPTIVE_DRAFT": adaptive}.items():  # fmt: skip
         clean_env.setenv(f"MATHAGENT_{key}", value)
     problems = tmp_path / "p.jsonl"
     problems.write_text('{"id": "a", "problem": "What is 2 + 3?", "answer": "5"}\n')
-    args = parse_args(["--accept", "3", "--prompts", f"{problems}:1", "--max-tokens", "13"])
+    args = parse_args(["--accept", "3", "--prompts", f"{problems}:1", "--max-tokens", str(tokens)])
     with EmbeddedServer(builder(Settings(), args)) as srv:
         client = openai.OpenAI(base_url=srv.base_url, api_key="EMPTY", max_retries=0)
 
         def acceptance(problem: str) -> float:
             out = client.chat.completions.create(
-                model=srv.model_name, max_tokens=13, temperature=0, extra_body={"ignore_eos": True},
+                model=srv.model_name, max_tokens=tokens, temperature=0,
+                extra_body={"ignore_eos": True},
                 messages=[{"role": "user", "content": problem + PROMPT_SUFFIX}],
             )  # fmt: skip
             return out.model_extra["speculative"]["acceptance_length"]

@@ -1,8 +1,9 @@
 """Model loading: Hugging Face folders, GGUF files (converted once and cached), random shapes.
 
 A model spec is one of: a folder holding ``config.json``, ``*.safetensors`` and a tokenizer, a
-``.gguf`` file, or ``random:<shape>``. The default model is the caller's to resolve (the model
-store fetches its GGUF), so loading never downloads anything.
+``.gguf`` file, or ``random:<shape>[:stable]`` (:mod:`~mathagent.serving.engine.random_model`).
+The default model is the caller's to resolve (the model store fetches its GGUF), so loading
+never downloads anything.
 """
 
 from __future__ import annotations
@@ -19,42 +20,14 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from mathagent.serving.engine import fp8_checkpoint
+from mathagent.serving.engine import fp8_checkpoint, random_model
 from mathagent.serving.engine.model import (
     SUPPORTED_ARCHITECTURES,
     ModelArgs,
     Transformer,
 )
 from mathagent.serving.engine.quant import quantize_model
-
-# Named shapes (Hugging Face config fields) for tests and benchmarks, the GPU ones included:
-# ``random:<name>`` loads random weights; benchmarks/gpu_common.py builds transformers twins.
-RANDOM_SHAPES: dict[str, dict[str, Any]] = {
-    "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"]),
-    "tiny-qwen2": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2,
-                       architectures=["Qwen2ForCausalLM"]),
-    "tiny-qwen3": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                       architectures=["Qwen3ForCausalLM"]),
-    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                         rope_theta=100000.0, tie_word_embeddings=True,
-                         architectures=["LlamaForCausalLM"]),
-    "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                         rope_theta=500000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                         rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
-                                           high_freq_factor=4.0,
-                                           original_max_position_embeddings=8192),
-                         max_position_embeddings=131072, architectures=["LlamaForCausalLM"]),
-    "llama-3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                       rope_theta=500000.0, rms_norm_eps=1e-5, max_position_embeddings=8192,
-                       architectures=["LlamaForCausalLM"]),
-}  # fmt: skip
-
+from mathagent.serving.engine.random_model import RANDOM_SHAPES
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
@@ -77,7 +50,7 @@ class LoadedModel:
 def _supported() -> str:
     return (
         "supported models: a Hugging Face folder (config.json + *.safetensors + tokenizer), a .gguf file, or "
-        f"random:<{'|'.join(RANDOM_SHAPES)}>; supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        f"random:<{'|'.join(RANDOM_SHAPES)}>[:stable]; supported architectures: {', '.join(SUPPORTED_ARCHITECTURES)}"
     )
 
 
@@ -279,20 +252,9 @@ def load_hf_folder(
     return LoadedModel(model, tokenizer, name or folder.name, folder, tuple(sorted(eos)))
 
 
-def _load_random(shape: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    if shape not in RANDOM_SHAPES:
-        raise ModelLoadError(f"unknown random shape {shape!r}; {_supported()}")
-    args = ModelArgs.from_hf_config(RANDOM_SHAPES[shape])
-    with torch.device("meta"):
-        model = Transformer(args)
-    model = model.to(dtype).to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for pname, param in model.named_parameters():
-            if pname.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 0.02, generator=gen)
-    if args.tie_word_embeddings:
-        model.output.weight = model.tok_embeddings.weight
-    return LoadedModel(model.eval(), None, f"random:{shape}", None, ())
+def _load_random(spec: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    try:
+        model = random_model.build(spec, device, dtype)
+    except random_model.RandomShapeError as exc:
+        raise ModelLoadError(f"{exc}; {_supported()}") from exc
+    return LoadedModel(model, None, f"random:{spec}", None, ())

@@ -6,8 +6,8 @@ tokens per row, so the step worth running maximises ``E(k) / t(b, k)``; ``k = 0`
 decode step. The candidates are plain and the configured draft length (``lengths`` may add
 others): on the CUDA path each new verify width is a graph capture of a second or more, which
 an exploring policy would pay inside serving. Both sides are measured while serving: step
-times per (bucket, k) as the median of the latest steps (the first steps of a shape are
-dropped: they capture graphs or compile), acceptance as decayed counts of how often draft
+times per (bucket, k) as the median of the latest steps (the speculator never times a step that
+captured a graph, and the first timed step of a shape is dropped too), acceptance as decayed counts of how often draft
 position ``i`` was accepted per row that asked for drafts (a proposer with nothing to propose
 counts as a miss).
 
@@ -25,6 +25,8 @@ each new bucket by speculating cost ~5% of the run). Nor is a bucket measured by
 once the first drafted rows show drafts all but never land: a step of drafts costs at least a
 plain step, so at ``E(k) < 1 + _FUTILE`` plain wins whatever the costs turn out to be (run 31,
 batch 8, acceptance 1.0: the five speculative steps that timed the bucket cost 2.5% of the run).
+A cold bucket above one (a batch ramping up from nothing) is timed plain first, and speculation
+there is judged on its first timed step: kept and timed fully if it wins, else plain with probes.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
 
-_WARMUP, _WINDOW = 2, 9  # steps dropped per shape; steps the median is taken over
+_WARMUP, _WINDOW = 1, 9  # steps dropped per shape (besides graph captures); steps in the median
 _DECAY = 0.97  # per speculative step, for the acceptance counts
 _PROBE = 2  # speculative steps a probe takes at most (the first may only refresh a hidden state)
 _BUDGET, _CLOSED_BUDGET = 0.03, 0.005  # share of plain time probes may cost (open, closed)
@@ -133,13 +135,10 @@ class DraftPolicy:
             return self.max_len, "probing"
         ceiling = self.ceiling(b)
         if ceiling is None:
-            below = self._measured_below(b)
-            if not self._futile() and (below is None or self._best(below)):
-                # time both steps here, speculative first
-                return (0 if self._shape(b, self.max_len).ready else self.max_len), "measure"
-            # speculation loses below at the acceptance measured now: it loses here too (the
-            # cost ratio grows with the batch), so start plain, probing on the open budget
-            best, ceiling = 0, 2.0
+            k, ceiling = self._unmeasured(b)
+            if k is not None:
+                return k, "measure"
+            best = 0
         else:
             best = self._best(b) if ceiling > 1 else 0
         if best:
@@ -148,6 +147,26 @@ class DraftPolicy:
         if probes.since + 1 >= probe_gap(ratio, ceiling <= 1, probes.losses):
             return self.max_len, "probe"
         return 0, "plain"
+
+    def _unmeasured(self, b: int) -> tuple[int | None, float]:
+        """At a bucket not yet timed both ways: the draft length that measures it, or None and
+        the ceiling to probe under while it starts plain."""
+        spec, plain = self._shape(b, self.max_len), self._shape(b, 0)
+        below = self._measured_below(b, judged=True)
+        if self._futile() or (below is not None and not self._best(below)):
+            # speculation loses below at the acceptance measured now: it loses here too (the
+            # cost ratio grows with the batch), so start plain, probing on the open budget
+            return None, 2.0
+        if b == 1 or below is not None:  # speculation is expected to win: speculative first
+            return (0 if spec.ready else self.max_len), 0.0
+        # a cold bucket above one (a batch ramping up): plain first, then speculation is
+        # judged on its first timed step (run 35, batch 32: timing a new bucket by speculating
+        # first, five steps at 3.8x a plain one, cost ~5% of the run)
+        if not plain.ready or not spec.times:
+            return (self.max_len if plain.ready else 0), 0.0
+        if self._rate(b, self.max_len) > self._rate(b, 0):
+            return self.max_len, 0.0  # wins on its first step: time it fully
+        return None, (1 + self.max_len) * plain.seconds / spec.seconds
 
     def ceiling(self, b: int) -> float | None:
         """The most a perfect drafter (every draft accepted) could speed bucket ``b`` up at the
@@ -168,14 +187,17 @@ class DraftPolicy:
         """The draft length of the highest estimated rate at measured bucket ``b``."""
         return max(self.lengths, key=lambda k: self._rate(b, k))
 
-    def _measured_below(self, b: int) -> int | None:
-        """The nearest measured bucket below ``b``, if any."""
+    def _measured_below(self, b: int, judged: bool = False) -> int | None:
+        """The nearest measured bucket below ``b``, if any; ``judged``: or one whose plain
+        steps are timed and speculation has had its first timed step."""
         return next(
-            (c for c in (b >> i for i in range(1, b.bit_length())) if self._measured(c)), None
+            (c for c in (b >> i for i in range(1, b.bit_length())) if self._measured(c, judged)),
+            None,
         )
 
-    def _measured(self, b: int) -> bool:
-        return self._shape(b, self.max_len).ready and self._shape(b, 0).ready
+    def _measured(self, b: int, judged: bool = False) -> bool:
+        spec, plain = self._shape(b, self.max_len), self._shape(b, 0)
+        return plain.ready and (spec.ready or (judged and bool(spec.times)))
 
     def _ratio(self, b: int, k: int | None = None) -> float:
         """Cost of a ``k``-draft step (default the full length) over a plain one at ``b``, or

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from mathagent.serving.engine.cuda import kernels as cuda_kernels
-from mathagent.serving.engine.loader import RANDOM_SHAPES
+from mathagent.serving.engine.random_model import RANDOM_SHAPES
 
 pytestmark = [
     pytest.mark.cuda,

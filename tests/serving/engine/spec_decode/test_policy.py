@@ -106,7 +106,7 @@ def test_drafts_that_never_land_stop_speculation_before_the_bucket_is_timed(batc
         if k:
             policy.accepted(batch, [0] * batch)
         drafted.append(k > 0)
-    assert drafted[0]  # nothing measured yet: speculation is tried first
+    assert any(drafted[:8])  # nothing measured yet: speculation is tried early
     assert sum(drafted[:20]) <= (1 if batch > 1 else 2)  # then plain (old policy: 5)
     assert any(drafted[20:])  # it still probes, on the open budget
 
@@ -118,6 +118,47 @@ def test_drafts_that_land_are_still_timed_by_speculating() -> None:
         policy.observed(1, k, 1.5 if k else 1.0)
         policy.accepted(1, [1])
     assert k == 4  # E = 2 tokens per step: still worth measuring
+
+
+def ramp(policy: DraftPolicy, top: int, spec_s, plain_s, accepted: int, steps: int) -> list[int]:
+    """Batches growing by one a step to ``top``, then ``steps`` at ``top``; each step timed at
+    ``spec_s(batch)`` / ``plain_s(batch)`` and ``accepted`` drafts landing per row."""
+    chosen = []
+    for batch in [*range(1, top), *[top] * steps]:
+        k = policy.choose(batch)
+        policy.observed(batch, k, spec_s(batch) if k else plain_s(batch))
+        if k:
+            policy.accepted(batch, [accepted] * batch)
+        chosen.append(k)
+    return chosen
+
+
+def test_a_cold_batch_ramp_times_plain_first_and_judges_speculation_on_one_step() -> None:
+    # run 35, 8B float32 at batch 32, acceptance 3: a 5-wide step cost 3.8x a plain one at 32
+    # (3 tokens for 3.8 steps: plain wins) and 4.5x at 16; timing each new bucket of the ramp
+    # by speculating first cost 5.7% of the run
+    def spec_s(b: int) -> float:
+        return 1.0 if b == 1 else 3.8 if b > 16 else 4.5 if b > 8 else 2.0
+
+    chosen = ramp(DraftPolicy(4), 32, spec_s, lambda b: 1.0, accepted=2, steps=128)
+    batches = [*range(1, 32), *[32] * 128]
+
+    def first(top: int) -> list[int]:  # the first 20 choices in bucket ``top``
+        return [k for b, k in zip(batches, chosen, strict=True) if top // 2 < b <= top][:20]
+
+    # batch 16: plain timed first, then speculation judged on its first timed step (one
+    # warm-up step before it); batch 32 starts plain: it lost one bucket below
+    assert first(16)[:4] == [0] * 4 and sum(k > 0 for k in first(16)) == 2
+    assert sum(k > 0 for k in first(32)) == 0
+    # plain-step times lost to speculation (a step commits 3 tokens a row for spec_s(b) steps)
+    lost = sum(max(spec_s(b) - 3, 0) for b, k in zip(batches, chosen, strict=True) if k)
+    assert lost / len(chosen) <= 0.03  # the old policy: ~0.1
+
+
+def test_a_cold_batch_ramp_keeps_speculation_that_wins() -> None:
+    chosen = ramp(DraftPolicy(4), 8, lambda b: 1.5, lambda b: 1.0, accepted=3, steps=60)
+    assert chosen[0] == 4  # batch 1 speculates first
+    assert sum(k > 0 for k in chosen[-40:]) == 40  # 4 tokens for 1.5 steps at batch 8
 
 
 def test_winning_speculation_is_kept_and_a_winning_probe_resets_the_gap() -> None:
