@@ -35,6 +35,7 @@ from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.sampling_params import SamplingParams
 
+DATASET = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "gsm8k_test.jsonl"
 PROMPT = (
     "<|im_start|>user\nNatalia sold clips to 48 of her friends in April, and then she sold half "
     "as many clips in May. How many clips did Natalia sell altogether in April and May?"
@@ -42,72 +43,122 @@ PROMPT = (
 )
 
 
-def engine_batch1(engine: LLMEngine, tokens: int) -> tuple[float, float]:
-    """Decode tokens/s and TTFT of one request on the bare engine."""
-    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
-    (res,) = engine.generate([PROMPT], params)
-    m = res.metrics
-    return (m.generated_tokens - 1) / m.decode_s, m.ttft_s
+def agent_prompts(engine: LLMEngine, limit: int) -> list[str]:
+    """The agent's rendered prompts (tools on) for the first ``limit`` GSM8K test problems:
+    what ``solve`` and ``eval`` send the engine."""
+    from mathagent.agent.plan import agent_prompt
+    from mathagent.agent.prompts import ChatTemplate
+
+    settings = Settings()
+    chat = ChatTemplate(engine.tokenizer)
+    rows = [json.loads(x) for x in DATASET.read_text().splitlines()[:limit]]
+    return [
+        agent_prompt(settings.agent, engine.model_name, r["problem"], chat_template=chat)
+        for r in rows
+    ]
 
 
-def transformers_batch1(model, ids: torch.Tensor, tokens: int) -> tuple[float, float]:
-    """Decode tokens/s and TTFT of transformers ``generate`` (greedy, KV cache)."""
+def rate(runs: list[tuple[int, float, float]]) -> tuple[float, float]:
+    """Decode tokens/s over prompts (tokens after each first, over decode time) and mean TTFT,
+    from one ``(tokens, decode_s, ttft_s)`` per prompt."""
+    tokens, decode_s = sum(r[0] - 1 for r in runs), sum(r[1] for r in runs)
+    return tokens / max(decode_s, 1e-9), sum(r[2] for r in runs) / len(runs)
 
-    def timed(n: int) -> float:
+
+def engine_batch1(
+    engine: LLMEngine, prompts: list[str], tokens: int, natural: bool = False
+) -> tuple[float, float, list[int]]:
+    """Decode tokens/s and TTFT of one request at a time on the bare engine, and each prompt's
+    generated length; ``natural``: each stops at the end-of-sequence token, as ``solve`` does
+    (a drafter predicts a real answer, not what follows its end), else exactly ``tokens``."""
+    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=not natural)
+    runs = []
+    for prompt in prompts:
+        (res,) = engine.generate([prompt], params)
+        m = res.metrics
+        runs.append((m.generated_tokens, m.decode_s, m.ttft_s))
+    return (*rate(runs), [r[0] for r in runs])
+
+
+def transformers_batch1(model, ids: list[torch.Tensor], lengths: list[int]) -> tuple[float, float]:
+    """Decode tokens/s and TTFT of transformers ``generate`` (greedy, KV cache), prompt ``i``
+    for ``lengths[i]`` tokens."""
+
+    def timed(prompt: torch.Tensor, n: int) -> float:
         start = time.perf_counter()
         with torch.inference_mode():
-            model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            model.generate(prompt, max_new_tokens=n, min_new_tokens=n, do_sample=False)
         return time.perf_counter() - start
 
-    ttft, full = timed(1), timed(tokens)
-    return (tokens - 1) / (full - ttft), ttft
+    runs = []
+    for prompt, n in zip(ids, lengths, strict=True):
+        ttft, full = timed(prompt, 1), timed(prompt, max(n, 2))
+        runs.append((max(n, 2), full - ttft, ttft))
+    return rate(runs)
 
 
-def llama_cpp_runner(gguf: str, threads: int):
+def llama_cpp_runner(gguf: str, threads: int, prompts: list[str]):
     """llama.cpp's plain greedy decode on the same GGUF and thread count, or None when the
     benchmark extra (``pip install -e .[bench]``: llama-cpp-python) is not installed."""
     try:
         from llama_cpp import Llama
     except ImportError:
         return None
-    llm = Llama(model_path=gguf, n_threads=threads, n_threads_batch=threads, n_ctx=1024,
+    llm = Llama(model_path=gguf, n_threads=threads, n_threads_batch=threads, n_ctx=2048,
                 verbose=False)  # fmt: skip
-    ids = llm.tokenize(PROMPT.encode(), add_bos=False, special=True)
+    ids = [llm.tokenize(p.encode(), add_bos=False, special=True) for p in prompts]
 
-    def run(tokens: int) -> tuple[float, float]:
+    def one(prompt: list[int], tokens: int) -> tuple[int, float, float]:
         start, first = time.perf_counter(), 0.0
         # generate() never stops at EOS by itself: the run is exactly ``tokens`` long
-        for count, _ in enumerate(llm.generate(ids, temp=0.0, top_k=1, reset=True), start=1):
+        for count, _ in enumerate(llm.generate(prompt, temp=0.0, top_k=1, reset=True), start=1):
             if count == 1:
                 first = time.perf_counter()
             if count == tokens:
                 break
-        return (tokens - 1) / max(time.perf_counter() - first, 1e-9), first - start
+        return tokens, time.perf_counter() - first, first - start
+
+    def run(lengths: list[int]) -> tuple[float, float]:
+        """The first ``len(lengths)`` prompts, prompt ``i`` for ``lengths[i]`` tokens."""
+        return rate([one(p, max(n, 2)) for p, n in zip(ids, lengths, strict=False)])
 
     return run
 
 
-def batch1(engines: dict[str, LLMEngine], tokens: int, repeats: int, llama_cpp=None) -> dict:
+def batch1(
+    engines: dict[str, LLMEngine],
+    prompts: list[str],
+    tokens: int,
+    repeats: int,
+    llama_cpp=None,
+    natural: bool = False,
+) -> dict:
     """Every engine, transformers (float32, the converted weights) and llama.cpp (when given)
-    interleaved, so load from other processes hits all alike."""
+    interleaved, so load from other processes hits all alike; transformers and llama.cpp
+    generate as many tokens per prompt as the first engine did."""
     from transformers import AutoModelForCausalLM
 
     first = next(iter(engines.values()))
     model = AutoModelForCausalLM.from_pretrained(first.loaded.path, dtype=torch.float32).eval()
-    ids = first.tokenizer(PROMPT, return_tensors="pt", add_special_tokens=False).input_ids
+    ids = [
+        first.tokenizer(p, return_tensors="pt", add_special_tokens=False).input_ids for p in prompts
+    ]
     for engine in engines.values():
-        engine_batch1(engine, 4)  # warm-up
-    transformers_batch1(model, ids, 4)
+        engine_batch1(engine, prompts[:1], 4)  # warm-up
+    transformers_batch1(model, ids[:1], [4])
     names = [*engines, "transformers"] + (["llama.cpp"] if llama_cpp else [])
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
     if llama_cpp:
-        llama_cpp(4)
+        llama_cpp([4])
     for _ in range(repeats):
+        lengths = None
         for name, engine in engines.items():
-            runs[name].append(engine_batch1(engine, tokens))
-        runs["transformers"].append(transformers_batch1(model, ids, tokens))
+            tok_s, ttft, made = engine_batch1(engine, prompts, tokens, natural)
+            runs[name].append((tok_s, ttft))
+            lengths = lengths or made
+        runs["transformers"].append(transformers_batch1(model, ids, lengths))
         if llama_cpp:
-            runs["llama.cpp"].append(llama_cpp(tokens))
+            runs["llama.cpp"].append(llama_cpp(lengths))
     return {
         name: {
             "decode_tokens_per_s": round(max(r[0] for r in rs), 2),
@@ -168,6 +219,7 @@ def server_aggregate(
 
 
 DRAFTER = Path(__file__).resolve().parents[1] / "mathagent/serving/drafters/SmolLM2-135M-Instruct"
+EAGLE3 = DRAFTER.with_name("SmolLM2-135M-Instruct-eagle3")
 CONFIGS = {  # name -> engine settings; int4 is the fast CPU path (bf16 activations)
     "float32": dict(dtype="float32", quantization="none"),
     "bfloat16": dict(dtype="bfloat16", quantization="none"),
@@ -178,6 +230,7 @@ CONFIGS = {  # name -> engine settings; int4 is the fast CPU path (bf16 activati
     ),
     # the int4 path with the shipped drafter on top (draft-length policy on, its default)
     "int4_redrafter": dict(dtype="auto", quantization="int4", speculative=f"redrafter:{DRAFTER}"),
+    "int4_eagle3": dict(dtype="auto", quantization="int4", speculative=f"eagle3:{EAGLE3}"),
 }
 
 
@@ -189,6 +242,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--port", type=int, default=8765, help="for the server processes")
     parser.add_argument("--no-server", action="store_true", help="batch-1 timings only")
+    parser.add_argument("--prompts", default="chat", choices=["chat", "agent"],
+                        help="batch-1 workload: one chat prompt for exactly --tokens, or the "
+                             "agent's prompts for the first --agent-limit GSM8K test problems "
+                             "(what solve sends), each to its end of sequence or --tokens; "
+                             "transformers and llama.cpp generate as many tokens as the first "
+                             "config did")  # fmt: skip
+    parser.add_argument("--agent-limit", type=int, default=4)
     args = parser.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
@@ -199,8 +259,11 @@ def main() -> None:
         settings = EngineSettings(device="cpu", max_batch_size=8, max_seq_len=1024, **CONFIGS[name])
         config = EngineConfig.from_settings(settings, gguf)
         engines[name] = LLMEngine(config, model_dir)
-    llama_cpp = llama_cpp_runner(str(gguf), args.threads)
-    measured = batch1(engines, args.tokens, args.repeats, llama_cpp)
+    first = next(iter(engines.values()))
+    prompts = [PROMPT] if args.prompts == "chat" else agent_prompts(first, args.agent_limit)
+    llama_cpp = llama_cpp_runner(str(gguf), args.threads, prompts)
+    natural = args.prompts == "agent"
+    measured = batch1(engines, prompts, args.tokens, args.repeats, llama_cpp, natural)
     ref = measured.pop("transformers")
     anchor = measured.pop("llama.cpp", None)
     results = {}
@@ -230,6 +293,7 @@ def main() -> None:
         "device": "cpu",
         "threads": args.threads,
         "decode_tokens": args.tokens,
+        "prompts": args.prompts if args.prompts == "chat" else f"agent x {args.agent_limit}",
         "transformers_batch1_float32": ref,
         "llama_cpp_batch1": anchor,  # same GGUF, same threads; None without the bench extra
         "engines": results,

@@ -23,10 +23,8 @@ import time
 from pathlib import Path
 
 import torch
-from engine_bench import CONFIGS  # same engine configurations as the engine bench
+from engine_bench import CONFIGS, agent_prompts  # the engine bench's configurations, prompts
 
-from mathagent.agent.plan import agent_prompt
-from mathagent.agent.prompts import ChatTemplate
 from mathagent.config import EngineSettings, Settings
 from mathagent.model_store import resolve_model
 from mathagent.serving.engine.config import EngineConfig
@@ -35,20 +33,8 @@ from mathagent.serving.engine.sampling_params import SamplingParams
 from mathagent.serving.engine.spec_decode.stats import SpecStats
 
 REPO = Path(__file__).resolve().parents[1]
-DATASET = REPO.parent / "shared" / "datasets" / "gsm8k_test.jsonl"
 DRAFTER = REPO / "mathagent" / "serving" / "drafters" / "SmolLM2-135M-Instruct"
 EAGLE3 = REPO / "mathagent" / "serving" / "drafters" / "SmolLM2-135M-Instruct-eagle3"
-
-
-def agent_prompts(engine: LLMEngine, limit: int) -> list[str]:
-    """The agent's rendered prompts for the first ``limit`` GSM8K test problems."""
-    settings = Settings()
-    chat = ChatTemplate(engine.tokenizer)
-    rows = [json.loads(x) for x in DATASET.read_text().splitlines()[:limit]]
-    return [
-        agent_prompt(settings.agent, engine.model_name, r["problem"], chat_template=chat)
-        for r in rows
-    ]
 
 
 def main() -> None:
