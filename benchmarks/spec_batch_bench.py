@@ -15,9 +15,9 @@ import argparse
 import json
 
 import torch
-from engine_bench import CONFIGS
+from engine_bench import CONFIGS, agent_prompts
 from gpu_spec import timed
-from spec_bench import DRAFTER, agent_prompts
+from spec_bench import DRAFTER
 
 from mathagent.config import EngineSettings, Settings
 from mathagent.model_store import resolve_model

@@ -66,19 +66,24 @@ def build(spec: str, device: torch.device, dtype: torch.dtype, seed: int = 0) ->
     args = ModelArgs.from_hf_config(RANDOM_SHAPES[shape])
     with torch.device("meta"):
         model = Transformer(args)
-    model = model.to(dtype).to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for pname, param in model.named_parameters():
-            if pname.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 0.02, generator=gen)
+    model = fill_random(model.to(dtype).to_empty(device=device), seed)
     if args.tie_word_embeddings:
         model.output.weight = model.tok_embeddings.weight
     if variant == "stable":
         stabilize_greedy(model, seed)
     return model.eval()
+
+
+@torch.no_grad()
+def fill_random(model: Transformer, seed: int = 0) -> Transformer:
+    """Norm weights 1, every other parameter N(0, 0.02), in place."""
+    gen = torch.Generator(device=model.norm.weight.device).manual_seed(seed)
+    for pname, param in model.named_parameters():
+        if pname.endswith("norm.weight"):
+            param.fill_(1.0)
+        else:
+            param.normal_(0.0, 0.02, generator=gen)
+    return model
 
 
 @torch.no_grad()

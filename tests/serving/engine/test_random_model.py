@@ -12,7 +12,7 @@ from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import LoadedModel, ModelLoadError, load_model
 from mathagent.serving.engine.model import ModelArgs, Transformer
-from mathagent.serving.engine.random_model import build, stabilize_greedy
+from mathagent.serving.engine.random_model import build, fill_random, stabilize_greedy
 from mathagent.serving.engine.sampling_params import SamplingParams
 
 CPU = torch.device("cpu")
@@ -48,10 +48,7 @@ def engine_on(model: Transformer) -> LLMEngine:
 
 @pytest.mark.parametrize("stable", [False, True])
 def test_greedy_path_of_the_stable_variant_survives_wide_products(stable: bool) -> None:
-    torch.manual_seed(0)
-    model = Transformer(ModelArgs.from_hf_config(SHAPE)).eval()
-    for name, p in model.named_parameters():  # as random_model.build does
-        p.data.fill_(1.0) if name.endswith("norm.weight") else p.data.normal_(0.0, 0.02)
+    model = fill_random(Transformer(ModelArgs.from_hf_config(SHAPE)).eval())
     if stable:
         stabilize_greedy(model)
     engine = engine_on(model.to(torch.bfloat16))
