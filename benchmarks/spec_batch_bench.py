@@ -3,8 +3,9 @@
 One engine, the agent's prompts for the first GSM8K test problems (as ``spec_bench.py``), greedy,
 ``B`` requests decoding together; per batch size: plain, then each speculative method with the
 draft-length policy on (``auto``, the default; warmed by one untimed pass, as a serving engine's
-policy has timed earlier requests) and off (``fixed``: every step drafts). Steady
-tokens/s counts the steps while all ``B`` requests decode (``gpu_spec.timed``). Prints JSON.
+policy has timed earlier requests; then ``--pairs`` plain and auto passes in turn, the speedup
+the median of the pairs' ratios) and off (``fixed``: every step drafts, beside one plain pass).
+Steady tokens/s counts the steps while all ``B`` requests decode (``gpu_spec.timed``). Prints JSON.
 
     flock /tmp/mathagent-bench.lock python benchmarks/spec_batch_bench.py [--config int4]
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from statistics import median
 
 import torch
 from engine_bench import CONFIGS, agent_prompts
@@ -35,6 +37,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--methods", default=f"ngram,redrafter:{DRAFTER}")
+    parser.add_argument("--pairs", type=int, default=3, help="plain / auto pairs per row")
     args = parser.parse_args()
     torch.manual_seed(0)
     batches = [int(b) for b in args.batches.split(",")]
@@ -55,27 +58,43 @@ def main() -> None:
         plain = timed(engine, rows, plain_params)
         entry: dict = {"plain_tok_s": round(plain["tok_s"], 2)}
         for method in args.methods.split(","):
-            for mode in ("auto", "fixed"):
-                engine.speculator.policy = DraftPolicy(engine.config.draft_len, mode == "auto")
-                engine.speculator.stats = SpecStats()
-                params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True,
-                                        speculative=method)  # fmt: skip
-                if mode == "auto":  # a serving engine's policy has timed earlier requests
-                    timed(engine, rows, params)
-                    engine.speculator.stats = SpecStats()
+            name = method.split(":")[0]
+            params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True,
+                                    speculative=method)  # fmt: skip
+            # auto: warmed by one untimed pass (a serving engine's policy has timed earlier
+            # requests), then plain and auto in turn, the ratio taken pair by pair (the
+            # machine's speed drifts by more than the differences measured here)
+            engine.speculator.policy = DraftPolicy(engine.config.draft_len, True)
+            timed(engine, rows, params)
+            engine.speculator.stats = SpecStats()
+            pairs = []
+            for _ in range(args.pairs):
+                base = timed(engine, rows, plain_params)
                 run = timed(engine, rows, params)
-                stats = engine.speculator.stats.as_dict()
-                entry[f"{method.split(':')[0]}@{mode}"] = {
-                    "tok_s": round(run["tok_s"], 2),
-                    "speedup": round(run["tok_s"] / plain["tok_s"], 3),
-                    "acceptance_length": stats["acceptance_length"],
-                    "spec_forwards": stats["target_forwards"],
-                    "identical_to_plain_greedy": run["outputs"] == plain["outputs"],
-                }
-                if mode == "auto":
-                    entry[f"{method.split(':')[0]}@{mode}"]["policy"] = (
-                        engine.speculator.policy.describe()
-                    )
+                pairs.append((base["tok_s"], run["tok_s"], run["outputs"] == base["outputs"]))
+            stats = engine.speculator.stats.as_dict()
+            entry[f"{name}@auto"] = {
+                "tok_s": round(median(p[1] for p in pairs), 2),
+                "plain_tok_s": round(median(p[0] for p in pairs), 2),
+                "speedup": round(median(p[1] / p[0] for p in pairs), 3),
+                "speedups": [round(p[1] / p[0], 3) for p in pairs],
+                "acceptance_length": stats["acceptance_length"],
+                "spec_forwards": stats["target_forwards"],
+                "identical_to_plain_greedy": all(p[2] for p in pairs),
+                "policy": engine.speculator.policy.describe(),
+            }
+            engine.speculator.policy = DraftPolicy(engine.config.draft_len, False)
+            engine.speculator.stats = SpecStats()
+            base = timed(engine, rows, plain_params)
+            run = timed(engine, rows, params)
+            stats = engine.speculator.stats.as_dict()
+            entry[f"{name}@fixed"] = {
+                "tok_s": round(run["tok_s"], 2),
+                "speedup": round(run["tok_s"] / base["tok_s"], 3),
+                "acceptance_length": stats["acceptance_length"],
+                "spec_forwards": stats["target_forwards"],
+                "identical_to_plain_greedy": run["outputs"] == base["outputs"],
+            }
         report[f"batch_{b}"] = entry
         print(json.dumps({f"batch_{b}": entry}), flush=True)
     print(json.dumps(report, indent=1))

@@ -15,7 +15,7 @@ Probing is paid for. While plain wins, a probe (a speculative step or two, to re
 acceptance and cost) comes after a gap of plain steps sized so that probes cost at most
 ``_BUDGET`` of the plain time at the measured cost ratio ``r = t(b, k) / t(b, 0)`` (a probe
 loses at most ``r - 1`` plain steps), doubling each time plain still wins. A bucket where even
-a perfect drafter (``E = 1 + k``) loses at the measured ratio is closed: acceptance cannot
+a perfect drafter (``E = 1 + k``) cannot win by the margin below is closed: acceptance cannot
 change the verdict, so it is only re-measured, on the far smaller ``_CLOSED_BUDGET``; an
 unmeasured bucket above a closed one starts closed (a verify step's cost grows with rows x
 width while plain batched decode stays cheap per row), and one above a bucket where speculation
@@ -27,6 +27,12 @@ plain step, so at ``E(k) < 1 + _FUTILE`` plain wins whatever the costs turn out 
 batch 8, acceptance 1.0: the five speculative steps that timed the bucket cost 2.5% of the run).
 A cold bucket above one (a batch ramping up from nothing) is timed plain first, and speculation
 there is judged on its first timed step: kept and timed fully if it wins, else plain with probes.
+
+Speculation wins only by a margin: its estimated rate must beat plain's by ``_MARGIN``. Near a
+tie the gain is small and both estimates are noisy (on a shared 2-core host a plain step at
+batch 32 measured 120-180 ms in one session; the acceptance that a probe measures early in a
+generation ran at 2.48 tokens a step where the whole run averaged 1.72), so a tie decided the
+optimistic way costs more than it can earn (CPU int4, batch 32: 0.86-0.95x plain before).
 """
 
 from __future__ import annotations
@@ -39,10 +45,11 @@ from statistics import median
 _WARMUP, _WINDOW = 1, 9  # steps dropped per shape (besides graph captures); steps in the median
 _DECAY = 0.97  # per speculative step, for the acceptance counts
 _PROBE = 2  # speculative steps a probe takes at most (the first may only refresh a hidden state)
-_BUDGET, _CLOSED_BUDGET = 0.03, 0.005  # share of plain time probes may cost (open, closed)
+_BUDGET, _CLOSED_BUDGET = 0.01, 0.005  # share of plain time probes may cost (open, closed)
 _MIN_GAP, _MAX_GAP = 8, 1 << 15  # plain steps between probes
 _FUTILE, _FUTILE_ROWS = 0.1, 1.5  # drafts per row under which speculation cannot pay; rows seen
 _UNTIMED_RATIO = 2.0  # cost ratio assumed for probe gaps before any bucket is timed
+_MARGIN = 0.15  # how much faster than plain speculation's estimated rate must be to be chosen
 
 
 def bucket(batch: int) -> int:
@@ -71,6 +78,11 @@ class _Probes:
     since: int = 0  # plain steps since the last probe
     losses: int = 0  # probes in a row after which plain still won (each doubles the gap)
     left: int = 0  # speculative steps left in the probe under way
+
+
+def closed(ceiling: float) -> bool:
+    """Whether even a perfect drafter, at a bucket's measured costs, cannot win by the margin."""
+    return ceiling <= 1.0 + _MARGIN
 
 
 def probe_gap(ratio: float, closed: bool, losses: int) -> int:
@@ -140,11 +152,11 @@ class DraftPolicy:
                 return k, "measure"
             best = 0
         else:
-            best = self._best(b) if ceiling > 1 else 0
+            best = 0 if closed(ceiling) else self._best(b)
         if best:
             return best, "wins"
         ratio = self._ratio(b)
-        if probes.since + 1 >= probe_gap(ratio, ceiling <= 1, probes.losses):
+        if probes.since + 1 >= probe_gap(ratio, closed(ceiling), probes.losses):
             return self.max_len, "probe"
         return 0, "plain"
 
@@ -164,18 +176,18 @@ class DraftPolicy:
         # first, five steps at 3.8x a plain one, cost ~5% of the run)
         if not plain.ready or not spec.times:
             return (self.max_len if plain.ready else 0), 0.0
-        if self._rate(b, self.max_len) > self._rate(b, 0):
+        if self._best(b):
             return self.max_len, 0.0  # wins on its first step: time it fully
         return None, (1 + self.max_len) * plain.seconds / spec.seconds
 
     def ceiling(self, b: int) -> float | None:
         """The most a perfect drafter (every draft accepted) could speed bucket ``b`` up at the
-        measured step costs; None while unknown. An unmeasured bucket above a closed one (<= 1)
+        measured step costs; None while unknown. An unmeasured bucket above a closed one
         takes that one's ceiling."""
         if self._shape(b, self.max_len).ready and self._shape(b, 0).ready:
             return max((1 + k) / self._ratio(b, k) for k in self.lengths if k)
         below = self._measured_below(b)
-        if below is not None and (c := self.ceiling(below)) is not None and c <= 1:
+        if below is not None and (c := self.ceiling(below)) is not None and closed(c):
             return c
         return None
 
@@ -184,8 +196,9 @@ class DraftPolicy:
         return self._rows >= _FUTILE_ROWS and self.expected_tokens(self.max_len) < 1 + _FUTILE
 
     def _best(self, b: int) -> int:
-        """The draft length of the highest estimated rate at measured bucket ``b``."""
-        return max(self.lengths, key=lambda k: self._rate(b, k))
+        """The draft length of the highest estimated rate at measured bucket ``b``, plain's
+        rate counted ``_MARGIN`` higher."""
+        return max(self.lengths, key=lambda k: self._rate(b, k) * (1.0 if k else 1.0 + _MARGIN))
 
     def _measured_below(self, b: int, judged: bool = False) -> int | None:
         """The nearest measured bucket below ``b``, if any; ``judged``: or one whose plain
@@ -203,9 +216,9 @@ class DraftPolicy:
         """Cost of a ``k``-draft step (default the full length) over a plain one at ``b``, or
         where ``b`` is unmeasured the ratio of the nearest measured bucket below."""
         k = self.max_len if k is None else k
-        while not self._measured(b) and b > 1:
+        while not self._measured(b, judged=True) and b > 1:
             b >>= 1
-        if not self._measured(b):
+        if not self._measured(b, judged=True):
             return _UNTIMED_RATIO
         return self._cost(b, k) / self._shape(b, 0).seconds
 

@@ -100,7 +100,7 @@ def test_drafts_that_never_land_stop_speculation_before_the_bucket_is_timed(batc
     # cost five steps at 1.7x a plain one, 2.5% of a 128-token run)
     policy = DraftPolicy(4)
     drafted = []
-    for _ in range(128):
+    for _ in range(400):  # an untimed bucket's probe gap: 200 steps (cost ratio 2, 1% budget)
         k = policy.choose(batch)
         policy.observed(batch, k, 1.7 if k else 1.0)
         if k:
@@ -172,6 +172,20 @@ def test_winning_speculation_is_kept_and_a_winning_probe_resets_the_gap() -> Non
         policy.accepted(1, [3])
     assert policy.choose(1) == 4
     assert policy.describe()[1]["losing_probes"] == 0
+
+
+@pytest.mark.parametrize(("accepted", "speculates"), [(1, False), (2, True)])
+def test_speculation_must_win_by_the_margin(accepted: int, speculates: bool) -> None:
+    # a 4-draft step costs 2.4 plain steps: 1 accepted draft (2 tokens) loses, 2 accepted
+    # (3 tokens: 1.25x) wins; a near tie (CPU int4 at batch 32: probes measured 2.48 tokens a
+    # step against 2.24x the cost, the run averaged 1.72) does not start speculating
+    policy = measured(1.0, 2.4, accepted=accepted, batch=32)
+    assert (policy.choose(32) == 4) is speculates
+    tie = measured(1.0, 2.4, accepted=1, batch=32)
+    for _ in range(200):  # 2.5 tokens a step: 4% faster than plain by the estimate
+        tie.accepted(32, [1] * 16 + [2] * 16)
+    assert tie.expected_tokens(4) > 2.4
+    assert [tie.choose(32) for _ in range(20)].count(4) == 0
 
 
 def test_plain_next_predicts_choose_without_changing_it() -> None:
