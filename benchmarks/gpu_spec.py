@@ -229,6 +229,9 @@ def batch_section(engine, prompts, max_tokens, vocab, draft_len, inner=None, acc
             row["fixed"]["goal_0.8x_acceptance"] = row["fixed"]["speedup"] >= 0.8 * accept
         row["auto_never_slower"] = row["auto"]["speedup"] >= 0.97  # 3%: run-to-run noise
         res[f"acceptance_{accept}"] = row
+    # plain against itself, after everything else: how far apart two runs of the same steps
+    # land (the yardstick for an auto row within a few percent of 1.0)
+    res["plain_again_over_plain"] = timed(engine, prompts, plain_params)["tok_s"] / plain["tok_s"]
     return res
 
 

@@ -208,10 +208,10 @@ class Speculator:
 
     def _may_launch_ahead(self, seqs: list[Sequence], k: int) -> bool:
         """Whether a fused step may launch the same rows' next step before it is read: the
-        policy will pick ``k`` again, and no row can finish or run out of room in this step
-        (its successor would be thrown away)."""
+        policy has settled on ``k`` (not probing or measuring), and no row can finish or run
+        out of room in this step (its successor would be thrown away)."""
         room = self.runner.max_seq_len - 2 * (k + 1)
-        return self.policy.next_len(len(seqs)) == k and all(
+        return self.policy.keeps(len(seqs), k) and all(
             s.num_cached < room and s.params.max_tokens - len(s.output_ids) > 2 * (k + 1)
             for s in seqs
         )

@@ -196,6 +196,23 @@ def test_plain_next_predicts_choose_without_changing_it() -> None:
         assert (policy.choose(1) == 0) == guess
 
 
+def test_no_step_is_launched_ahead_of_a_probe_or_a_measurement() -> None:
+    # a probe's second step or a measuring step may be the last of its kind: the step after
+    # it is not known until it has run (a successor launched ahead would be thrown away)
+    policy = measured(1.0, 2.0, accepted=0)
+    gap = probe_gap(2.0, False, 0)
+    for _ in range(gap - 1):
+        assert policy.keeps(1, 0)
+        assert policy.choose(1) == 0
+    assert not policy.keeps(1, 0) and not policy.keeps(1, 4)  # the probe comes next
+    assert policy.choose(1) == 4
+    assert not policy.keeps(1, 4)  # the probe's second step: its outcome is unknown
+    fresh = DraftPolicy(4)  # nothing measured: speculation is tried, not settled
+    assert not fresh.keeps(1, 4) and fresh.choose(1) == 4
+    winning = measured(1.0, 2.0, accepted=3)
+    assert winning.keeps(1, 4) and not winning.keeps(1, 0)
+
+
 class Counting:
     """Drafts nothing useful and counts how often it is asked."""
 
