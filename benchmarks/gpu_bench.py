@@ -254,6 +254,8 @@ def main() -> None:
     parser.add_argument("--fp8-unfused-rows", action="store_true",
                         help="FP8 verify rows through fp8.linear, norm / SiLU / residual apart (fp8_gemv.FUSED_ROWS off)")  # fmt: skip
     parser.add_argument("--skip-redrafter", action="store_true", help="--only-spec: no ReDrafter")
+    parser.add_argument("--auto-warm-passes", type=int, default=1,
+                        help="untimed passes before an auto row is timed")  # fmt: skip
     parser.add_argument("--weights", default="stable", choices=["stable", "random"],
                         help="--only-spec: random weights, or stable ones (random_model.stabilize_greedy: "
                              "bf16/fp8 plain steps keep the replayed path)")  # fmt: skip
@@ -261,6 +263,7 @@ def main() -> None:
                         help="--only-spec: where the replay proposer drafts (first fills fixed/auto)")  # fmt: skip
     gpu_default_model.add_arguments(parser)
     args = parser.parse_args()
+    gpu_spec.AUTO_WARM_PASSES = args.auto_warm_passes
     if args.fp8_unfused_rows:
         from mathagent.serving.engine.cuda import fp8_gemv
 

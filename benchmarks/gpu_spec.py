@@ -171,13 +171,19 @@ def timed(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -
             "outputs": [outputs[i] for i in ids]}  # fmt: skip
 
 
+# untimed passes that warm an auto row's policy (gpu_bench --auto-warm-passes): more of them
+# move its first probes, and the verify graphs they capture, out of the timed pass
+AUTO_WARM_PASSES = 1
+
+
 def spec_run(engine, prompts, max_tokens, proposer, adaptive: bool, draft_len: int) -> dict:
     engine.speculator.proposers.register(REPLAY, proposer)
     engine.speculator.policy = DraftPolicy(draft_len, adaptive)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
                             speculative=str(REPLAY))  # fmt: skip
     if adaptive:  # a serving engine's policy has measured earlier requests: warm it untimed
-        timed(engine, prompts, params)
+        for _ in range(AUTO_WARM_PASSES):
+            timed(engine, prompts, params)
     engine.speculator.stats = SpecStats()
     res = timed(engine, prompts, params)
     stats = engine.speculator.stats.as_dict()
