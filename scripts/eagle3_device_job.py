@@ -95,11 +95,13 @@ def train(args: argparse.Namespace, job: Job) -> Path:
     job.keep("train_config", {k: v for k, v in vars(ecfg).items()})
     job.keep("heldout", train_eagle3(base, examples, ecfg, head_dir, job.log))
     job.keep("heldout_more", heldout_figures(base, data, head_dir, ecfg))
+    if args.compare:  # another head on the same held-out transcripts
+        job.keep("heldout_compare", heldout_figures(base, data, args.compare, ecfg))
     return head_dir
 
 
 def heldout_figures(base: FrozenBase, data: Path, head_dir: Path, ecfg: Eagle3TrainConfig) -> dict:
-    """Chain acceptance at 5 on the first card's subset (problems 20-51) and at 3 on all."""
+    """Chain acceptance at 5 on the first card's subset (problems 20-51) and on all, at 3 on all."""
     rows = [json.loads(x) for x in open_text(data, "r") if x.strip()]
     held = [r for r in rows if r.get("heldout")]
     subset = [r for r in held if int(r["id"].split("/")[1]) in SUBSET]
@@ -110,8 +112,9 @@ def heldout_figures(base: FrozenBase, data: Path, head_dir: Path, ecfg: Eagle3Tr
     rope = tuple(x.to(dev) for x in rope_table(head.config.layer_args(), base.max_seq_len + 8))
     store = torch.bfloat16 if dev.type == "cuda" else torch.float32  # as training stores them
     out = {}
-    for name, recs, k in (("gsm8k_20_51", subset, 5), ("all_heldout", held, 3)):
-        path = head_dir.parent / f"{name}.jsonl"
+    sets = (("gsm8k_20_51", subset, 5), ("all_heldout_at_5", held, 5), ("all_heldout", held, 3))
+    for name, recs, k in sets:
+        path = data.parent / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in recs))
         examples = load_examples(path, base.encode, base.max_seq_len)
         feats = sequence_features(base, examples, layers, store)
@@ -122,25 +125,30 @@ def heldout_figures(base: FrozenBase, data: Path, head_dir: Path, ecfg: Eagle3Tr
 
 
 def bench(args: argparse.Namespace, job: Job, head_dir: Path) -> None:
-    """Plain, ReDrafter and EAGLE-3 through ``LLMEngine`` (tree 4x3, chain 1x5, tree 4x5)."""
+    """Plain (ReDrafter with 4 beams) and EAGLE-3 through ``LLMEngine``, each ``--bench``
+    configuration ``BEAMSxLEN:DTYPE`` in turn."""
     settings = Settings()
-    for beams, length, methods in ((4, 3, "redrafter"), (1, 5, ""), (4, 5, "")):
+    for config in args.bench.split(","):
+        shape, _, dtype = config.partition(":")
+        beams, length = (int(x) for x in shape.split("x"))
+        dtype = dtype or settings.engine.dtype
+        methods = "redrafter" if beams > 1 else ""
         if job.elapsed() > args.deadline_s - args.bench_reserve_s:
-            job.log({"event": "bench_skipped", "beams": beams, "draft_len": length})
+            job.log({"event": "bench_skipped", "config": config})
             continue
         ns = argparse.Namespace(
             default_model=settings.model, drafter=args.drafter, prompts=args.bench_prompts,
             default_limit=args.bench_limit, default_max_tokens=args.bench_tokens,
             default_draft_len=length, default_device=str(settings.engine.device),
-            default_dtype=settings.engine.dtype, model_dir=settings.model_dir,
-            default_policy="fixed", default_beams=beams, eagle3=head_dir, default_methods=methods,
+            default_dtype=dtype, model_dir=settings.model_dir, default_policy=args.bench_policy,
+            default_beams=beams, eagle3=head_dir, default_methods=methods,
         )  # fmt: skip
         try:
             figures = gpu_default_model.run(ns)
         except Exception as exc:  # keep the other configurations and the head
             figures = {"error": f"{type(exc).__name__}: {exc}"}
-        job.keep(f"engine_beams{beams}_len{length}", figures)
-        job.log({"event": "bench", "beams": beams, "draft_len": length})
+        job.keep(f"engine_beams{beams}_len{length}_{dtype}", figures)
+        job.log({"event": "bench", "config": config})
 
 
 def main() -> None:
@@ -154,13 +162,16 @@ def main() -> None:
     p.add_argument("--distill-samples", type=int, default=1)
     p.add_argument("--distill-budget-s", type=float, default=140)
     p.add_argument("--ttt-steps", type=int, default=6)
-    p.add_argument("--draft-vocab", type=int, default=4096)
+    p.add_argument("--draft-vocab", type=int, default=4096, help="0: the whole vocabulary")
+    p.add_argument("--compare", type=Path, help="another head to measure on the held-out set")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--epochs", type=int, default=40)
     p.add_argument("--batch-tokens", type=int, default=16384)
     p.add_argument("--train-budget-s", type=float, default=200)
     p.add_argument("--bench-limit", type=int, default=20)
     p.add_argument("--bench-tokens", type=int, default=128)
+    p.add_argument("--bench", default="4x3,1x5,4x5", help="BEAMSxLEN[:DTYPE],... to time")
+    p.add_argument("--bench-policy", default="fixed", choices=["auto", "fixed", "both"])
     p.add_argument("--deadline-s", type=float, default=540)
     p.add_argument("--bench-reserve-s", type=float, default=45, help="time one bench config needs")
     args = p.parse_args()

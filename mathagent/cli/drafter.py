@@ -67,7 +67,11 @@ def train_drafter(
         int | None, typer.Option(min=1, help="Own vocab head of this width (default: tied).")
     ] = None,
     draft_vocab: Annotated[
-        int, typer.Option(min=0, help="Draft only from the N most frequent tokens (0: all).")
+        int,
+        typer.Option(
+            min=0,
+            help="Draft from the N most frequent tokens (0: all; eagle3: 4096, N >= vocab: all).",
+        ),
     ] = 0,
     kd_weight: Annotated[
         float,
