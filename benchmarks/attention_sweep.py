@@ -30,7 +30,7 @@ from mathagent.serving.engine.random_model import RANDOM_SHAPES
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CANDIDATES = [
     (part, block, warps)
-    for part, block, warps in itertools.product((32, 64, 128, 256), (32, 64), (2, 4))
+    for part, block, warps in itertools.product((32, 64, 128, 256), (16, 32, 64), (2, 4, 8))
     if block <= part
 ]
 

@@ -56,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="problems decoded together (>1: tok/s from each group's wall time)")  # fmt: skip
     group.add_argument("--default-policy", default="both", choices=["auto", "fixed", "both"],
                        help="draft-length policy of the speculative methods (both: each twice)")  # fmt: skip
+    group.add_argument("--no-lookup-branch", action="store_true",
+                       help="EAGLE-3 chains without the prompt-lookup branch beside them")  # fmt: skip
 
 
 def agent_prompts(engine: LLMEngine, path: Path, limit: int) -> list[str]:
@@ -82,6 +84,7 @@ def make_engine(args: argparse.Namespace, model_dir: Path, graphs: bool = True) 
         device=args.default_device, dtype=args.default_dtype, max_batch_size=1, max_seq_len=2048,
         draft_len=args.default_draft_len,
         eager=not (graphs and args.default_device.startswith("cuda")),
+        lookup_branch=not getattr(args, "no_lookup_branch", False),
         **({"draft_beams": beams} if beams else {}),
     )  # fmt: skip
     return LLMEngine(EngineConfig.from_settings(settings, model=args.default_model), model_dir)
@@ -167,6 +170,7 @@ def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], time
            "cuda_graphs": engine.runner.graphs is not None, "problems": len(prompts),
            "max_tokens": args.default_max_tokens, "draft_len": args.default_draft_len,
            "beams": engine.config.draft_beams, "batch": getattr(args, "default_batch", 1),
+           "lookup_branch": engine.config.lookup_branch,
            "methods": {}}  # fmt: skip
     for method in timed["methods"]:
         t = totals[method]

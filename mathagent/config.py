@@ -56,6 +56,11 @@ class EngineSettings(BaseModel):
     eager: bool | Literal["auto"] = Field(
         "auto", description="skip torch.compile / CUDA graphs; auto = graphs on CUDA, eager on CPU"
     )
+    lookup_branch: bool = Field(
+        True,
+        description="EAGLE-3 greedy chains verify a prompt-lookup (n-gram) chain beside them, "
+        "as a second branch of one tree; the longer accepted branch is kept",
+    )
     adaptive_draft: bool = Field(
         True,
         description="choose the draft length per step (0 = plain decode) from measured "

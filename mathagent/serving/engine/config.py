@@ -36,6 +36,7 @@ class EngineConfig:
     prefill_chunk: int = 512
     adaptive_draft: bool = True
     tokenizer: str | None = None  # a tokenizer used instead of the model's own
+    lookup_branch: bool = True  # EAGLE-3 chains verify a prompt-lookup chain beside them
 
     @classmethod
     def from_settings(cls, settings: EngineSettings, model: str | None = None) -> EngineConfig:
@@ -64,6 +65,7 @@ class EngineConfig:
             pack_weights=settings.pack_weights,
             adaptive_draft=settings.adaptive_draft,
             tokenizer=settings.tokenizer,
+            lookup_branch=settings.lookup_branch,
         )
 
 

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
-from mathagent.serving.engine.spec_decode.tree_batch import TreeBatch
+from mathagent.serving.engine.spec_decode.tree_batch import TreeBatch, move_path
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
@@ -64,12 +64,30 @@ class ChainDrafter(Protocol):
     device: torch.device
 
     def run(self, inp: ChainInputs, k: int) -> Tensor:
-        """Beams ``[B, 1 + k]``: each row's root, then its chain of ``k`` drafts."""
+        """Beams ``[B, 1 + k]`` (each row's root, then its chain of ``k`` drafts), or
+        ``[B, W, 1 + k]``: ``W`` chains from the same root, verified as one tree."""
         ...
 
     def verified(self, inp: ChainInputs, pos: Tensor, captured: Tensor | None) -> None:
-        """After the verify forward over positions ``pos [B, 1 + k]`` (kept streams ``captured``)."""
+        """After the verify forward: ``pos [B, 1 + k]`` are the positions the step can commit
+        (root first) and ``captured`` the kept streams of the nodes on the accepted path there."""
         ...
+
+
+class Branches:
+    """Several chain drafters from the same root as one tree of ``len(parts)`` beams: the
+    verify scores every chain and greedy acceptance keeps the longest (the first on ties)."""
+
+    def __init__(self, *parts: ChainDrafter) -> None:
+        self.parts = parts
+        self.device = parts[0].device
+
+    def run(self, inp: ChainInputs, k: int) -> Tensor:
+        return torch.stack([part.run(inp, k) for part in self.parts], 1)  # [B, W, 1 + k]
+
+    def verified(self, inp: ChainInputs, pos: Tensor, captured: Tensor | None) -> None:
+        for part in self.parts:
+            part.verified(inp, pos, captured)
 
 
 def windows_of(rows: list[SpecRow], k: int) -> tuple[list[int], list[int], list[list[int]]]:
@@ -138,17 +156,17 @@ class _Graph:
 class ChainStep:
     """Whole greedy chain steps of ``drafter`` on ``graphs``; one graph per (bucket, k)."""
 
-    def __init__(self, drafter: ChainDrafter, graphs: CudaGraphRunner) -> None:
+    def __init__(self, drafter: ChainDrafter, graphs: CudaGraphRunner, width: int = 1) -> None:
         self.drafter = drafter
         self.graphs = graphs
+        self.width = width  # chains per row the drafter returns (a tree when > 1)
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._ahead: _Launch | None = None  # a step launched before its inputs were read
         self.claimed = 0  # steps launched ahead and then used (tests and benchmarks read it)
 
     def fits(self, rows: int, k: int) -> bool:
         """Whether :meth:`step` takes ``rows`` rows drafting ``k`` (a captured verify shape)."""
-        g = self.graphs
-        return g.accepts(rows, k + 1) and g.width_bucket(k + 1) == k + 1
+        return self.graphs.accepts(rows, 1 + self.width * k)  # the step's own verify shape
 
     def prepare(self, rows: int, k: int) -> None:
         """Capture the step of ``rows`` rows drafting ``k`` now (a warm-up outside timing)."""
@@ -237,20 +255,31 @@ class ChainStep:
         return _Launch(key, host, last, done)
 
     def _body(self, inp: ChainInputs, k: int, verify: object) -> tuple[Tensor, Tensor]:
-        """Draft, then verify the chains at ``c .. c+k`` (``verify``: the step's StepInputs),
-        let the drafter see the verify, accept greedily and advance ``inp``;
+        """Draft, then verify the chains (a tree of them, nodes written at ``c ..``, the root
+        at ``c``; ``verify``: the step's StepInputs), accept greedily, move the accepted path's
+        K/V into place, let the drafter see the committed nodes, and advance ``inp``;
         ``(outcome [B, 2 + k], last hidden [B, H])``."""
-        beams = self.drafter.run(inp, k)  # [B, 1 + k]
-        pos = inp.start[:, None] + (k + 1) + torch.arange(k + 1, device=inp.start.device)
-        for name, value in (("tokens", beams), ("positions", pos), ("write", pos)):
+        beams = self.drafter.run(inp, k)
+        tree = TreeBatch(beams if beams.dim() == 3 else beams[:, None], [])
+        c = inp.start + (k + 1)  # [B] the root's position
+        nodes = torch.arange(tree.nodes, device=c.device)
+        write = c[:, None] + nodes
+        pos = c[:, None] + tree.node_depths()[None]  # rope positions: root, then each depth
+        for name, value in (("tokens", tree.tokens()), ("positions", pos), ("write", write)):
             getattr(verify, name).copy_(value)
-        verify.write_slot.copy_(inp.slots[:, None].expand_as(pos))  # type: ignore[attr-defined]
+        verify.write_slot.copy_(inp.slots[:, None].expand_as(write))  # type: ignore[attr-defined]
         verify.slots.copy_(inp.slots)  # type: ignore[attr-defined]
-        verify.start.copy_(pos[:, 0])  # type: ignore[attr-defined]
+        verify.start.copy_(c)  # type: ignore[attr-defined]
         logits, hidden, captured = self.graphs.forward(verify)
-        self.drafter.verified(inp, pos, captured)
-        accepted, _, tokens = TreeBatch(beams[:, None], []).greedy_accept(logits)
-        node = accepted[:, None, None].expand(-1, 1, hidden.shape[-1])
+        accepted, path, tokens = tree.greedy_accept(logits)  # path [B, 1 + k] of node indices
+        if tree.width > 1:
+            forward = self.graphs.forward
+            move_path((forward.k, forward.v), inp.slots, c, path)
+        kept = None if captured is None else captured.gather(
+            1, path[..., None].expand(-1, -1, captured.shape[-1])
+        )  # fmt: skip
+        self.drafter.verified(inp, c[:, None] + nodes[: k + 1], kept)
+        node = path.gather(1, accepted[:, None])[..., None].expand(-1, 1, hidden.shape[-1])
         outcome = torch.cat([accepted[:, None], tokens], 1)
         self.advance(inp, accepted, tokens, self.graphs.scratch_slot)
         return outcome, hidden.gather(1, node)[:, 0]
@@ -276,7 +305,11 @@ class ChainStep:
         inp = ChainInputs.allocate(batch, k + 1, dev)
         inp.slots.fill_(self.graphs.scratch_slot)
         inp.start.fill_(k + 1)
-        verify = StepInputs.allocate(batch, k + 1, dev)
+        nodes = 1 + self.width * k
+        verify = StepInputs.allocate(batch, nodes, dev)
+        mask = TreeBatch(torch.zeros(1, self.width, k + 1, dtype=torch.long, device=dev), []).mask()
+        if mask is not None:  # the tree's own mask, the same every step (causal for a chain)
+            verify.tree.copy_(mask.to(torch.int8).expand_as(verify.tree))
         graph, (outcome, last) = capture_graph(self.graphs, lambda: self._body(inp, k, verify))
         staging = torch.zeros(inp.packed.numel(), dtype=torch.long).pin_memory()
         pinned = [torch.zeros(outcome.shape, dtype=torch.long).pin_memory() for _ in range(2)]

@@ -5,11 +5,19 @@ The proposer asks the target's forward for its low/middle/high hidden states
 per-slot feature buffer indexed by write position (prefill and verify rows alike). Before each
 draft it brings its own decoder layer's KV cache (per slot, by position) up to the committed
 length: position ``t`` holds the layer's K/V for the pair (features at ``t``, token ``t + 1``).
-A tree draft's accepted branch first has its features moved to consecutive positions, as the
-speculator moves the target's K/V. Drafting then runs the layer on its own output: a chain
+A tree's accepted branch has its features moved to consecutive positions with the target's K/V
+(:meth:`Eagle3Proposer.moved`). Drafting then runs the layer on its own output: a chain
 (argmax, or sampled from the warped draft distribution with ``q`` kept for lossless
 verification), or with several beams a beam search (top-k per depth, each beam attending to the
 context and its own ancestors), verified by the engine's tree verification.
+
+A greedy chain also brings a second branch when ``lookup_branch`` is on: the prompt-lookup
+(n-gram) continuation of the row's own tokens, verified beside the chain in one tree, the longer
+accepted branch kept. The head cannot name the rare words a problem repeats (7% of the default
+model's agent tokens lie outside its 4096-token draft vocabulary) and drafts a repeated sentence
+badly; the lookup copies exactly those. On the default model's GSM8K agent transcripts the
+replayed walk goes from 2.51 to 3.84 tokens per step (benchmarks/GPU_NOTES.md, run 48), for a
+verify of ``1 + 2k`` nodes instead of ``1 + k``.
 """
 
 from __future__ import annotations
@@ -22,12 +30,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mathagent.serving.engine.model import rope_table
-from mathagent.serving.engine.spec_decode.chain_step import ChainStep, windows_of
+from mathagent.serving.engine.spec_decode.chain_step import Branches, ChainStep, windows_of
 from mathagent.serving.engine.spec_decode.eagle3_chain import Eagle3Chain
 from mathagent.serving.engine.spec_decode.eagle3_head import Eagle3Head, attend
 from mathagent.serving.engine.spec_decode.eagle3_loader import aux_layers
+from mathagent.serving.engine.spec_decode.ngram import NgramProposer
+from mathagent.serving.engine.spec_decode.ngram_device import DeviceNgram
 from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
-from mathagent.serving.engine.spec_decode.verify import build_tree
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.model_runner import ModelRunner
@@ -60,10 +69,19 @@ class Eagle3Proposer:
         self.layers = aux_layers(cfg, model.args)
         model.capture = self.layers
         runner.feature_sinks.append(self._sink)
+        self.max_seq = seq
         # greedy chains, batched (one graph on CUDA); None drafts them row by row
         self.chains: Eagle3Chain | None = Eagle3Chain(self, runner.graphs)
-        # whole greedy chain steps in one graph (CUDA graphs only)
-        self.steps = None if runner.graphs is None else ChainStep(self.chains, runner.graphs)
+        self.lookup = NgramProposer() if runner.config.lookup_branch else None
+        self.table: DeviceNgram | None = None  # the lookup's token table on CUDA graphs
+        # whole greedy chain steps in one graph (CUDA graphs only), the lookup as a 2nd branch
+        self.steps = None
+        if runner.graphs is not None:
+            if self.lookup is None:
+                self.steps = ChainStep(self.chains, runner.graphs)
+            else:
+                self.table = DeviceNgram(self.lookup, slots, seq, dev)
+                self.steps = ChainStep(Branches(self.chains, self.table), runner.graphs, 2)
 
     def use_head(self, project: Callable[[Tensor], Tensor]) -> None:
         """Score draft columns with ``project`` (normed output [N, H] -> [N, V']), e.g. the
@@ -99,11 +117,9 @@ class Eagle3Proposer:
             else:
                 last = self._settle(row)  # [1, H] the layer's output at the last position
                 if not row.greedy:
-                    draft = self._sample_chain(row, last, k)
+                    out[i] = self._sample_chain(row, last, k)
                 else:
-                    draft = Draft(self._beam_search(row, last, k).cpu())
-                row.state["beams"] = draft.beams
-                out[i] = draft
+                    out[i] = Draft(self._beam_search(row, last, k).cpu())
         if chains:
             for i, draft in zip(chains, self._chains([rows[i] for i in chains], k), strict=True):
                 out[i] = draft
@@ -113,11 +129,20 @@ class Eagle3Proposer:
         """Greedy chains of ``k`` for ``rows`` in one batched draft (one graph on CUDA)."""
         assert self.chains is not None
         beams = self.chains.draft(*self._windows(rows, k), k)  # [B, 1 + k]
-        drafts = []
-        for b, row in enumerate(rows):
-            drafts.append(Draft(beams[b : b + 1]))
-            row.state["beams"] = drafts[-1].beams
-        return drafts
+        return [self._with_lookup(row, beams[b : b + 1], k) for b, row in enumerate(rows)]
+
+    def _with_lookup(self, row: SpecRow, chain: Tensor, k: int) -> Draft:
+        """The chain ``[1, 1 + k]``, and beside it the row's prompt-lookup draft (padded with
+        -1, which nothing accepts) when there is one and the row has room for both."""
+        if self.lookup is None or row.seq.num_cached + 1 + 2 * k > self.max_seq:
+            return Draft(chain)
+        found = self.lookup.propose(torch.tensor(row.seq.all_ids), k)
+        if not found:
+            return Draft(chain)
+        other = chain.new_full((1, 1 + k), -1)
+        other[0, 0] = chain[0, 0]
+        other[0, 1 : 1 + len(found)] = chain.new_tensor(found)
+        return Draft(torch.cat([chain, other]))
 
     def fused_step(
         self, rows: list[SpecRow], k: int, sinks: int, ahead: bool = False
@@ -127,15 +152,25 @@ class Eagle3Proposer:
         drafts' shapes, each row's ``[accepted, committed tokens..., -1...]`` and the target's
         hidden state [B, H] at each row's last accepted node. ``ahead``: launch the same rows'
         next step before reading this one (:meth:`ChainStep.step`)."""
+        nodes = 1 + (self.steps.width if self.steps is not None else 1) * k
         fits = (
             self.steps is not None and self.steps.fits(len(rows), k) and self.beams == 1
-            and sinks == 1 and all(r.greedy and r.seq.num_cached > k for r in rows)
+            and sinks == 1
+            and all(r.greedy and k < r.seq.num_cached <= self.max_seq - nodes for r in rows)
         )  # fmt: skip
         if not fits:
             self.drop_ahead()
             return None
         assert self.steps is not None
-        return self.steps.step_rows(rows, k, ahead, lambda row: self._settled(row, k))
+        # the step launched ahead writes its nodes after up to k + 1 more committed positions
+        ahead = ahead and all(r.seq.num_cached + k + 1 + nodes <= self.max_seq for r in rows)
+        return self.steps.step_rows(rows, k, ahead, lambda row: self._before_step(row, k))
+
+    def _before_step(self, row: SpecRow, k: int) -> None:
+        """Host bookkeeping before a fused step: the layer settled, the lookup table whole."""
+        self._settled(row, k)
+        if self.table is not None:
+            self.table.sync(row.seq, k + 1)
 
     def drop_ahead(self) -> None:
         """Forget a step launched ahead: the next step is not the one it guessed."""
@@ -153,14 +188,20 @@ class Eagle3Proposer:
         """Settle the row's layer (eagerly, after a prefill or plain steps) up to the start of
         its window of ``k + 1`` (what a verify step of ``k`` drafts can have committed)."""
         st, c = row.state, row.seq.num_cached
-        st.pop("pending", None)  # a chain's accepted drafts are already in place
         if min(st.get("n", 0), c - 1) < c - (k + 1):
             self._settle(row)
         st["n"] = c
 
     def accepted(self, row: SpecRow, old_cached: int, num_accepted: int) -> None:
-        """Remember which draft was verified, so the next step can find its accepted branch."""
-        row.state["pending"] = (old_cached, row.state.pop("beams", None), num_accepted)
+        """Nothing to remember: a tree's accepted features were moved by :meth:`moved`."""
+
+    def moved(self, slots: Tensor, base: Tensor, path: Tensor) -> None:
+        """A tree verify's accepted path ``[B, 1 + D]`` (node indices, written from ``base``)
+        moved to consecutive positions: the features the sink wrote there follow, as the
+        target's K/V do (:func:`~.tree_batch.move_path`)."""
+        src = base[:, None] + path
+        dst = base[:, None] + torch.arange(path.shape[1], device=path.device)
+        self.feats[slots[:, None], dst] = self.feats[slots[:, None], src]
 
     def _settle(self, row: SpecRow) -> Tensor:
         """Bring the layer's KV cache up to the committed length; its output at the end."""
@@ -168,31 +209,11 @@ class Eagle3Proposer:
         slot, c = seq.slot, seq.num_cached
         assert slot is not None
         ids = seq.all_ids  # the committed tokens, then the root (not yet cached)
-        pending = st.pop("pending", None)
-        if pending is not None and pending[1] is not None and pending[1].shape[0] > 1:
-            base, beams, n_acc = pending
-            self._compact(slot, base, beams, ids[base + 1 : base + 1 + n_acc])
         n = min(st.get("n", 0), c - 1)
         emb = self.embedding[torch.tensor(ids[n + 1 : c + 1], device=self.embedding.device)]
         out = self._layer(slot, emb[None], self.feats[slot, n:c][None], n, c)
         st["n"] = c
         return out[:, -1]
-
-    def _compact(self, slot: int, base: int, beams: Tensor, committed: list[int]) -> None:
-        """Move the accepted tree branch's features to consecutive positions after ``base``."""
-        tree = build_tree(beams)
-        pairs = zip(tree.parents.tolist(), tree.tokens.tolist(), strict=True)
-        child = {(p, t): i for i, (p, t) in enumerate(pairs) if p >= 0}
-        node, path = 0, []
-        for tok in committed:
-            node = child.get((node, tok), -1)
-            if node < 0:
-                break
-            path.append(node)
-        if path:
-            src = torch.tensor(path, device=self.feats.device) + base
-            dst = torch.arange(1, len(path) + 1, device=self.feats.device) + base
-            self.feats[slot, dst] = self.feats[slot, src].clone()
 
     def _layer(self, slot: int, emb: Tensor, hidden: Tensor, start: int, end: int) -> Tensor:
         """Run the layer on one row's positions ``start..end-1`` (emb, hidden [1, T, H]),

@@ -7,8 +7,8 @@ it are the draft) over a per-slot token table on the device, in static shapes, s
 the next step before the host reads this one. Each step first writes its window (the last
 ``k + 1`` committed tokens) into the table, which keeps the table whole across steps; the host
 fills it when a request first drafts here or after plain steps. A draft shorter than ``k`` is
-padded (greedy acceptance checks every token against the target, so padding costs only the
-verify width it fills).
+padded with -1, which no argmax matches (the verify feeds it as token 0), so padding costs only
+the verify width it fills and accepts what the host's lookup would.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class DeviceNgram:
         self._known[slot] = (seq.request_id, c + 1)
 
     def run(self, inp: ChainInputs, k: int) -> Tensor:
-        """Beams ``[B, 1 + k]``: each row's root and its lookup draft (padded with 0)."""
+        """Beams ``[B, 1 + k]``: each row's root and its lookup draft (padded with -1)."""
         width = inp.window.shape[1]
         cols = inp.start[:, None] + 1 + torch.arange(width, device=self.device)  # c-T+1 .. c
         rows = inp.slots[:, None].expand_as(cols)
@@ -76,7 +76,7 @@ class DeviceNgram:
             best = torch.where(found, last, best)
         pos = best[:, None] + 1 + torch.arange(k, device=self.device)  # after the match
         ok = (best[:, None] >= 0) & (pos <= w - 1)
-        return torch.where(ok, hist.gather(1, pos.clamp(max=w - 1)), 0)
+        return torch.where(ok, hist.gather(1, pos.clamp(max=w - 1)), -1)
 
     def verified(self, inp: ChainInputs, pos: Tensor, captured: Tensor | None) -> None:
         pass

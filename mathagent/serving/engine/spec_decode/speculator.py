@@ -246,7 +246,12 @@ class Speculator:
         if batch.width > 1:
             dev = self.runner.device
             cache = (self.runner.cache.k, self.runner.cache.v)
-            move_path(cache, torch.tensor(slots, device=dev), torch.tensor(base, device=dev), path)
+            slot_t, base_t = torch.tensor(slots, device=dev), torch.tensor(base, device=dev)
+            move_path(cache, slot_t, base_t, path)
+            for proposer in filter(None, map(self.proposer, {self.method_of(r.seq) for r in rows})):
+                moved = getattr(proposer, "moved", None)  # what a drafter keeps per position
+                if moved is not None:
+                    moved(slot_t, base_t, path)
         node = path.gather(1, accepted[:, None])  # [B, 1]
         last = hidden.gather(1, node[..., None].expand(-1, -1, hidden.shape[-1]))[:, 0]
         return torch.cat([accepted[:, None], tokens], 1).tolist(), last  # the one host sync

@@ -163,3 +163,39 @@ def test_steps_launched_ahead_are_claimed_and_dropped_without_changing_output(mo
     steps = single.metrics.speculative["target_forwards"]
     assert claimed_single >= steps // 2, f"{claimed_single} of {steps} steps were launched ahead"
     assert proposer.steps.claimed > claimed_single
+
+
+def test_the_lookup_branch_on_graphs_is_one_tree_step_and_equals_eager(model) -> None:
+    """With the prompt-lookup branch (the default) a greedy step verifies a two-beam tree in
+    one graph; a head that never drafts right (all its rows zero: column 0 every time) leaves
+    every accepted draft to the lookup. Output stays plain greedy, and the graphs accept what
+    the eager engine (host lookup, tree verify, features moved along the path) accepts."""
+    from mathagent.serving.engine.sampling_params import SamplingParams
+    from mathagent.serving.engine.spec_config import SpecMethod
+
+    gen = torch.Generator().manual_seed(23)
+    motif = torch.randint(0, 2048, (6,), generator=gen).tolist()
+    prompt = motif * 4  # repeats: the random model tends to continue the cycle
+    plain = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    spec = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, speculative=METHOD)
+    runs = {}
+    for eager in (True, False):
+        engine, proposer = _engine(model, eager)
+        with torch.no_grad():
+            proposer.head.lm_head.weight.zero_()
+        reference = engine.generate([prompt], plain)[0].token_ids
+        runs[eager] = (reference, engine.generate([prompt], spec)[0], proposer, engine)
+        model.capture = ()
+    (ref, eager_out, _, _), (graph_ref, graph_out, graph_proposer, graph_engine) = (
+        runs[True], runs[False],
+    )  # fmt: skip
+    assert graph_ref == ref and eager_out.token_ids == ref and graph_out.token_ids == ref
+    assert graph_proposer.steps.width == 2 and graph_proposer.steps.captured()
+    same = ("drafted_at", "accepted_at", "target_forwards")
+    assert {k: graph_out.metrics.speculative[k] for k in same} == {
+        k: eager_out.metrics.speculative[k] for k in same
+    }
+    repeats = any(ref[i : i + 2] == ref[j : j + 2] for i in range(len(ref)) for j in range(i))
+    if repeats:  # the random model cycled: the lookup must have landed something
+        assert graph_out.metrics.speculative["accepted_tokens"] > 0
+    assert graph_engine.speculator.proposer(SpecMethod("eagle3", "/random-head")) is graph_proposer

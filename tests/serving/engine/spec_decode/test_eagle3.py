@@ -241,6 +241,7 @@ def test_batched_chains_draft_what_row_by_row_drafting_does(engine, heads) -> No
     shipped = heads[2].split(":", 1)[1]
     method = SpecMethod("eagle3", f"{shipped}#chain")
     proposer = load_eagle3(Path(shipped), engine.runner, 1)  # the shipped head, one beam
+    proposer.lookup = None  # row by row drafts the head's chain alone
     engine.speculator.proposers.register(method, proposer)
     params = SamplingParams(max_tokens=24, temperature=0.0, speculative=str(method))
     batched = engine.generate(PROMPTS[:3], params)
@@ -256,3 +257,43 @@ def test_batched_chains_draft_what_row_by_row_drafting_does(engine, heads) -> No
             k: b.metrics.speculative[k] for k in same
         }
     assert sum(r.metrics.speculative["accepted_tokens"] for r in batched) > 10
+
+
+REPEATING = (
+    "<|im_start|>user\nCopy this line five times: The robe takes 8 bolts of blue fiber and "
+    "half that much white fiber.<|im_end|>\n<|im_start|>assistant\n"
+)
+
+
+def test_the_lookup_branch_keeps_plain_greedy_and_lands_what_the_head_cannot(engine, heads) -> None:
+    """A greedy chain verifies the prompt-lookup draft beside it (a two-beam tree): the output
+    stays plain greedy, and on text that repeats the problem's rare words (outside the head's
+    draft vocabulary) each target forward keeps more tokens than with the head's chain alone."""
+    shipped = Path(heads[2].split(":", 1)[1])
+    runs = {}
+    for lookup in (True, False):
+        method = SpecMethod("eagle3", f"{shipped}#lookup-{lookup}")
+        proposer = load_eagle3(shipped, engine.runner, 1)
+        assert proposer.lookup is not None  # on by default
+        if not lookup:
+            proposer.lookup = None
+        engine.speculator.proposers.register(method, proposer)
+        params = SamplingParams(max_tokens=48, temperature=0.0, speculative=str(method))
+        runs[lookup] = engine.generate([REPEATING], params)[0]
+        engine.runner.feature_sinks.remove(proposer._sink)
+    plain = engine.generate([REPEATING], SamplingParams(max_tokens=48, temperature=0.0))[0]
+    assert runs[True].token_ids == plain.token_ids == runs[False].token_ids
+    per_forward = {k: r.metrics.speculative["acceptance_length"] for k, r in runs.items()}
+    assert per_forward[True] > per_forward[False] + 0.5, per_forward
+
+
+def test_a_trees_accepted_features_follow_its_kv(engine, heads) -> None:
+    """After a tree verify the speculator moves the accepted path's K/V to consecutive
+    positions; the head's features, written by the sink at the same node positions, move too."""
+    proposer = engine.speculator.proposer(SpecMethod("eagle3", heads[1].split(":", 1)[1]))
+    assert proposer is not None
+    feats = proposer.feats
+    feats[1, 20:31] = torch.arange(11, dtype=feats.dtype)[:, None]
+    # root at 20, beam 1's first two drafts (nodes 6, 7 of a 2 x 5 tree) accepted
+    proposer.moved(torch.tensor([1]), torch.tensor([20]), torch.tensor([[0, 6, 7, 7, 7, 7]]))
+    assert feats[1, 20:24, 0].tolist() == [0.0, 6.0, 7.0, 7.0]

@@ -16,7 +16,7 @@ from mathagent.serving.engine.spec_decode.ngram_device import DeviceNgram
 
 def _host(lookup: NgramProposer, ids: list[int], k: int) -> list[int]:
     draft = lookup.propose(torch.tensor(ids), k)
-    return draft + [0] * (k - len(draft))
+    return draft + [-1] * (k - len(draft))
 
 
 def test_the_device_lookup_drafts_what_the_host_lookup_drafts() -> None:
