@@ -48,7 +48,7 @@ class EngineConfig:
             method = embedded_method(settings.speculative)
         except SpecMethodError as exc:
             raise EngineConfigError(str(exc)) from exc
-        draft_len, draft_beams = default_draft(settings, device, method.kind)
+        draft_len, draft_beams = default_draft(settings, device, method.kind, dtype)
         return cls(
             model=model,
             device=device,
@@ -77,14 +77,21 @@ def resolve_eager(eager: bool | str, device: torch.device) -> bool:
     return bool(eager)
 
 
-def default_draft(settings: EngineSettings, device: torch.device, kind: str) -> tuple[int, int]:
+def default_draft(
+    settings: EngineSettings, device: torch.device, kind: str, dtype: torch.dtype = torch.bfloat16
+) -> tuple[int, int]:
     """Draft length and beams, the user's where chosen. EAGLE-3 on CUDA defaults to greedy
-    chains of 5 with one beam: the shape whose whole step (draft, verify, accept) runs as one
-    CUDA graph launched ahead (benchmarks/GPU_NOTES.md runs 27-29: 1.82x plain on the H200 with
-    the default model's head); a tree of beams drafts and verifies on the host path."""
+    chains with one beam: the shape whose whole step (draft, verify, accept) runs as one CUDA
+    graph launched ahead. With the prompt-lookup branch beside each chain, the default model on
+    the H200 (20 GSM8K agent prompts x 256 tokens, fixed length; benchmarks/GPU_NOTES.md runs
+    48-49) ran chains of 6 fastest in bfloat16 (1.958x plain; 5: 1.916x, 7: 1.888x), and in
+    float32 chains of 4 (1.565x), where 5 took 8.5 ms a verify step (11 tree nodes; 2.1 ms at
+    9); without the branch, chains of 5 (1.82x, run 29). A tree of beams drafts and verifies
+    on the host path."""
     chosen = settings.model_fields_set
     chains = kind == "eagle3" and device.type == "cuda"
-    length = 5 if chains and "draft_len" not in chosen else settings.draft_len
+    chain_len = 5 if not settings.lookup_branch else 4 if dtype == torch.float32 else 6
+    length = chain_len if chains and "draft_len" not in chosen else settings.draft_len
     beams = settings.draft_beams or (1 if chains else default_beams(device, settings.quantization))
     return length, beams
 
