@@ -8,7 +8,10 @@ greedy acceptance, and the advance of the graph's own inputs to the next step's 
 and tokens from the accepted count). A step is one host-to-device copy, one replay and one read
 of the outcome, as TensorRT-LLM's one-model EAGLE-3 runs; and the host can launch step n + 1
 before it reads step n, so its work between steps (commit, stop checks, scheduling: ~0.5 ms on
-the H200, benchmarks/GPU_NOTES.md run 23) overlaps the device's next step.
+the H200, benchmarks/GPU_NOTES.md run 23) overlaps the device's next step. A drafter may return
+several chains per row (:class:`Branches`: EAGLE-3's chain and the prompt-lookup chain), which
+the step verifies as one tree. It stays one file because the capture, the replay, the launches
+ahead and the step's body share one graph's buffers and its input layout.
 """
 
 from __future__ import annotations
