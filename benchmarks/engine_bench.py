@@ -231,6 +231,13 @@ CONFIGS = {  # name -> engine settings; int4 is the fast CPU path (bf16 activati
     # the int4 path with the shipped drafter on top (draft-length policy on, its default)
     "int4_redrafter": dict(dtype="auto", quantization="int4", speculative=f"redrafter:{DRAFTER}"),
     "int4_eagle3": dict(dtype="auto", quantization="int4", speculative=f"eagle3:{EAGLE3}"),
+    "int4_eagle3_k2": dict(
+        dtype="auto", quantization="int4", speculative=f"eagle3:{EAGLE3}", draft_len=2
+    ),
+    # the head's chain without the prompt-lookup branch beside it
+    "int4_eagle3_alone": dict(
+        dtype="auto", quantization="int4", speculative=f"eagle3:{EAGLE3}", lookup_branch=False
+    ),
 }
 
 

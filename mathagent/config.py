@@ -56,10 +56,11 @@ class EngineSettings(BaseModel):
     eager: bool | Literal["auto"] = Field(
         "auto", description="skip torch.compile / CUDA graphs; auto = graphs on CUDA, eager on CPU"
     )
-    lookup_branch: bool = Field(
-        True,
+    lookup_branch: bool | Literal["auto"] = Field(
+        "auto",
         description="EAGLE-3 greedy chains verify a prompt-lookup (n-gram) chain beside them, "
-        "as a second branch of one tree; the longer accepted branch is kept",
+        "as a second branch of one tree, the longer accepted branch kept; auto = on CUDA only "
+        "(a CPU's int4 verify costs in proportion to its rows)",
     )
     adaptive_draft: bool = Field(
         True,

@@ -14,7 +14,7 @@ from mathagent.cli.common import with_overrides
 from mathagent.config import EngineSettings, Settings
 from mathagent.model_store import SHIPPED_DRAFTER, SHIPPED_EAGLE3
 from mathagent.runtime import engine_settings_for
-from mathagent.serving.engine.config import default_draft
+from mathagent.serving.engine.config import EngineConfig, default_draft
 
 SHIPPED = f"redrafter:{SHIPPED_DRAFTER}"
 
@@ -59,6 +59,9 @@ def test_eagle3_on_cuda_drafts_chains_measured_fastest_unless_chosen(monkeypatch
     alone = EngineSettings(speculative="eagle3:/h", lookup_branch=False)
     assert default_draft(alone, cuda, "eagle3") == (5, 1)
     assert default_draft(head, cpu, "eagle3") == (3, 4)  # the CPU keeps the settings' default
+    forced = EngineSettings(speculative="eagle3:/h", lookup_branch=True)
+    assert EngineConfig.from_settings(forced).lookup_branch  # chosen: on wherever it runs
+    assert not EngineConfig.from_settings(EngineSettings(device="cpu")).lookup_branch
     assert default_draft(EngineSettings(), cuda, "redrafter") == (3, 4)  # ReDrafter's tree
     monkeypatch.setenv("MATHAGENT_ENGINE__DRAFT_LEN", "2")  # chosen in the environment: wins
     monkeypatch.setenv("MATHAGENT_ENGINE__SPECULATIVE", "eagle3:/h")

@@ -11,7 +11,7 @@ A tree's accepted branch has its features moved to consecutive positions with th
 verification), or with several beams a beam search (top-k per depth, each beam attending to the
 context and its own ancestors), verified by the engine's tree verification.
 
-A greedy chain also brings a second branch when ``lookup_branch`` is on: the prompt-lookup
+A greedy chain also brings a second branch when ``lookup_branch`` is on (by default on CUDA): the prompt-lookup
 (n-gram) continuation of the row's own tokens, verified beside the chain in one tree, the longer
 accepted branch kept. The head cannot name the rare words a problem repeats (7% of the default
 model's agent tokens lie outside its 4096-token draft vocabulary) and drafts a repeated sentence

@@ -26,6 +26,7 @@ from mathagent.serving.engine.spec_decode.eagle3_head import (
     attend,
 )
 from mathagent.serving.engine.spec_decode.eagle3_loader import load_head
+from mathagent.serving.engine.spec_decode.ngram import NgramProposer
 from mathagent.serving.engine.spec_decode.registry import load_eagle3
 from tests.conftest import PROMPTS
 from tests.serving.engine.spec_decode.eagle3_fixture import (
@@ -241,7 +242,6 @@ def test_batched_chains_draft_what_row_by_row_drafting_does(engine, heads) -> No
     shipped = heads[2].split(":", 1)[1]
     method = SpecMethod("eagle3", f"{shipped}#chain")
     proposer = load_eagle3(Path(shipped), engine.runner, 1)  # the shipped head, one beam
-    proposer.lookup = None  # row by row drafts the head's chain alone
     engine.speculator.proposers.register(method, proposer)
     params = SamplingParams(max_tokens=24, temperature=0.0, speculative=str(method))
     batched = engine.generate(PROMPTS[:3], params)
@@ -274,9 +274,8 @@ def test_the_lookup_branch_keeps_plain_greedy_and_lands_what_the_head_cannot(eng
     for lookup in (True, False):
         method = SpecMethod("eagle3", f"{shipped}#lookup-{lookup}")
         proposer = load_eagle3(shipped, engine.runner, 1)
-        assert proposer.lookup is not None  # on by default
-        if not lookup:
-            proposer.lookup = None
+        assert proposer.lookup is None  # 'auto' is off on a CPU
+        proposer.lookup = NgramProposer() if lookup else None
         engine.speculator.proposers.register(method, proposer)
         params = SamplingParams(max_tokens=48, temperature=0.0, speculative=str(method))
         runs[lookup] = engine.generate([REPEATING], params)[0]
