@@ -95,10 +95,9 @@ def default_draft(
     chains with one beam: the shape whose whole step (draft, verify, accept) runs as one CUDA
     graph launched ahead. With the prompt-lookup branch beside each chain, the default model on
     the H200 (20 GSM8K agent prompts x 256 tokens, fixed length; benchmarks/GPU_NOTES.md runs
-    48-49) ran chains of 6 fastest in bfloat16 (1.958x plain; 5: 1.916x, 7: 1.888x), and in
-    float32 chains of 4 (1.565x), where 5 took 8.5 ms a verify step (11 tree nodes; 2.1 ms at
-    9); without the branch, chains of 5 (1.82x, run 29). A tree of beams drafts and verifies
-    on the host path."""
+    48-50) ran chains of 6 fastest in bfloat16 (1.958x plain; 5: 1.916x, 7: 1.888x), and in
+    float32 chains of 4 (1.565x; 6: 1.521x); without the branch, chains of 5 (1.82x, run 29).
+    A tree of beams drafts and verifies on the host path."""
     chosen = settings.model_fields_set
     chains = kind == "eagle3" and device.type == "cuda"
     lookup = resolve_lookup_branch(settings.lookup_branch, device)

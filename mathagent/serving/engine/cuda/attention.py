@@ -227,7 +227,10 @@ def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None) ->
     g = h // hkv
     qrows = max(16, triton.next_power_of_2(t * g))
     part = attention_partition(bsz) if launch is None else launch[0]
-    block_s, warps = (min(part, 64), 4) if launch is None else launch[1:]
+    # float32 (IEEE dots) at 64+ query rows spills with 4 warps: the default model's 11-node
+    # verify took 231 us a launch, 19 us with 8 (GPU_NOTES run 50)
+    wide = q.dtype == torch.float32 and qrows >= 64
+    block_s, warps = (min(part, 64), 8 if wide else 4) if launch is None else launch[1:]
     nsplit = triton.cdiv(max_seq, part)
     ws_rows = bsz * hkv * nsplit * qrows
     m = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
