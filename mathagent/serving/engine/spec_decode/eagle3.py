@@ -11,13 +11,14 @@ A tree's accepted branch has its features moved to consecutive positions with th
 verification), or with several beams a beam search (top-k per depth, each beam attending to the
 context and its own ancestors), verified by the engine's tree verification.
 
-A greedy chain also brings a second branch when ``lookup_branch`` is on (by default on CUDA): the prompt-lookup
-(n-gram) continuation of the row's own tokens, verified beside the chain in one tree, the longer
-accepted branch kept. The head cannot name the rare words a problem repeats (7% of the default
-model's agent tokens lie outside its 4096-token draft vocabulary) and drafts a repeated sentence
-badly; the lookup copies exactly those. On the default model's GSM8K agent transcripts the
-replayed walk goes from 2.51 to 3.84 tokens per step (benchmarks/GPU_NOTES.md, run 48), for a
-verify of ``1 + 2k`` nodes instead of ``1 + k``.
+A greedy chain also brings a second branch when ``lookup_branch`` is on (by default on CUDA):
+the prompt-lookup (n-gram) continuation of the row's own tokens, verified beside the chain in one
+tree, the longer accepted branch kept. The head cannot name the rare words a problem repeats (7%
+of the default model's agent tokens lie outside its 4096-token draft vocabulary) and drafts a
+repeated sentence badly; the lookup copies exactly those. On the default model's GSM8K agent
+transcripts the replayed walk goes from 2.51 to 3.84 tokens per step, and on the H200 the live
+acceptance from 2.66 to 3.61 (benchmarks/GPU_NOTES.md, session four, run 48), for a verify of
+``1 + 2k`` nodes instead of ``1 + k``.
 """
 
 from __future__ import annotations
