@@ -7,7 +7,8 @@ cached length, the sweep replays one CUDA graph of ``--layers`` launches of the 
 (the target's layers) per candidate (positions per split, positions per block, warps) and
 reports microseconds per launch against the engine's default choice, and the winner.
 
-    PYTHONPATH=. python3 benchmarks/attention_sweep.py [--models smollm2-135m llama-3-8b] > attn.json
+    PYTHONPATH=. python3 benchmarks/attention_sweep.py [--models smollm2-135m llama-3-8b] \
+        [--candidates 64,64,8 32,16,2] > attn.json
 """
 
 from __future__ import annotations
@@ -92,7 +93,11 @@ def main() -> None:
     parser.add_argument("--lengths", nargs="+", type=int, default=[128, 384, 768, 1536])
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--max-seq", type=int, default=2048)
+    parser.add_argument("--candidates", nargs="+", metavar="PART,BLOCK,WARPS",
+                        help="launch shapes to time instead of the full grid")  # fmt: skip
     args = parser.parse_args()
+    if args.candidates:
+        CANDIDATES[:] = [tuple(int(x) for x in c.split(",")) for c in args.candidates]
     res: dict = {"candidates": [list(c) for c in CANDIDATES], "cases": []}
     for model, dt, width, length in itertools.product(args.models, args.dtypes, args.widths,
                                                       args.lengths):  # fmt: skip
