@@ -51,6 +51,7 @@ class Eagle3Proposer:
         # a one-row product is fastest in float32 on a CPU; on CUDA follow the target
         self.dtype = torch.float32 if dev.type == "cpu" else runner.config.dtype
         self.head = head.to(dev, self.dtype).eval()
+        self.head.midlayer.fuse_projections()
         emb = (
             head.embed_tokens.weight
             if head.embed_tokens is not None

@@ -156,7 +156,12 @@ class _MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.gate_up is not None:
+            gate, up = F.linear(x, self.gate_up).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    gate_up: Tensor | None = None  # gate and up rows in one product (set for inference)
 
 
 class MidLayer(nn.Module):
@@ -184,10 +189,27 @@ class MidLayer(nn.Module):
         x = torch.cat([self.input_layernorm(emb), normed], dim=-1)  # [B, T, 2H]
         b, t, _ = x.shape
         attn, d = self.self_attn, self.cfg.dim
-        q = apply_rope(attn.q_proj(x).view(b, t, -1, d), cos, sin)
-        k = apply_rope(attn.k_proj(x).view(b, t, -1, d), cos, sin)
-        v = attn.v_proj(x).view(b, t, -1, d)
+        if self.qkv is not None:
+            q, k, v = F.linear(x, self.qkv).split(self._qkv_sizes, dim=-1)
+        else:
+            q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        q = apply_rope(q.reshape(b, t, -1, d), cos, sin)
+        k = apply_rope(k.reshape(b, t, -1, d), cos, sin)
+        v = v.reshape(b, t, -1, d)
         return residual, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    qkv: Tensor | None = None  # q, k and v rows in one product (set for inference)
+
+    def fuse_projections(self) -> None:
+        """Serve q/k/v and gate/up each as one product (copies of the current weights, for
+        inference: a drafted token's head step on the H200 launched five small products where
+        two do; benchmarks/GPU_NOTES.md, run 51). Training keeps the separate modules."""
+        attn, mlp = self.self_attn, self.mlp
+        with torch.no_grad():
+            parts = (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight)
+            self.qkv = torch.cat(parts).detach()
+            self._qkv_sizes = [w.shape[0] for w in parts]
+            mlp.gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
 
     def finish(self, residual: Tensor, attn_out: Tensor) -> Tensor:
         """The layer's output ``[B, T, H]`` from attention's output ``[B, Hq, T, D]``."""

@@ -37,6 +37,11 @@ class DeviceNgram:
         self.lookup, self.device, self.max_seq = lookup, device, max_seq
         self.table = torch.full((slots, max_seq), _NONE, dtype=torch.long, device=device)
         self._known: dict[int, tuple[str, int]] = {}  # slot -> (request, tokens the table holds)
+        # On CUDA the lookup is one compiled region: eager, its ~60 small kernels cost ~150 us
+        # of a 1.5 ms EAGLE-3 step on the H200 (benchmarks/GPU_NOTES.md, run 51)
+        self._run = self._lookup
+        if device.type == "cuda":
+            self._run = torch.compile(self._lookup, dynamic=False)
 
     def sync(self, seq, width: int) -> None:
         """Bring the table of ``seq``'s slot up to its committed tokens and root, unless the
@@ -52,11 +57,14 @@ class DeviceNgram:
 
     def run(self, inp: ChainInputs, k: int) -> Tensor:
         """Beams ``[B, 1 + k]``: each row's root and its lookup draft (padded with -1)."""
-        width = inp.window.shape[1]
-        cols = inp.start[:, None] + 1 + torch.arange(width, device=self.device)  # c-T+1 .. c
-        rows = inp.slots[:, None].expand_as(cols)
-        self.table[rows, cols.clamp(min=0)] = inp.window  # keeps the table whole
-        return torch.cat([inp.window[:, -1:], self.draft(rows[:, :1], cols[:, -1], k)], 1)
+        return self._run(inp.slots, inp.start, inp.window, k)
+
+    def _lookup(self, slots: Tensor, start: Tensor, window: Tensor, k: int) -> Tensor:
+        width = window.shape[1]
+        cols = start[:, None] + 1 + torch.arange(width, device=self.device)  # c-T+1 .. c
+        rows = slots[:, None].expand_as(cols)
+        self.table[rows, cols.clamp(min=0)] = window  # keeps the table whole
+        return torch.cat([window[:, -1:], self.draft(rows[:, :1], cols[:, -1], k)], 1)
 
     def draft(self, slots: Tensor, root: Tensor, k: int) -> Tensor:
         """Drafts ``[B, k]`` for slots ``[B, 1]`` whose histories end at positions ``root [B]``."""
