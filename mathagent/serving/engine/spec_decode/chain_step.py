@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
-from mathagent.serving.engine.spec_decode.tree_batch import TreeBatch, move_path
+from mathagent.serving.engine.spec_decode.tree_batch import TreeBatch, accept_longest, move_path
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
@@ -166,6 +166,11 @@ class ChainStep:
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._ahead: _Launch | None = None  # a step launched before its inputs were read
         self.claimed = 0  # steps launched ahead and then used (tests and benchmarks read it)
+        # acceptance as one compiled region: eager, the argmax over the vocabulary and ~30
+        # small index kernels took ~60 us of a 1.5 ms step (benchmarks/GPU_NOTES.md, run 51)
+        self._accept = accept_longest
+        if drafter.device.type == "cuda":
+            self._accept = torch.compile(accept_longest, dynamic=False)
 
     def fits(self, rows: int, k: int) -> bool:
         """Whether :meth:`step` takes ``rows`` rows drafting ``k`` (a captured verify shape)."""
@@ -274,7 +279,7 @@ class ChainStep:
         verify.slots.copy_(inp.slots)  # type: ignore[attr-defined]
         verify.start.copy_(c)  # type: ignore[attr-defined]
         logits, hidden, captured = self.graphs.forward(verify)
-        accepted, path, tokens = tree.greedy_accept(logits)  # path [B, 1 + k] of node indices
+        accepted, path, tokens = self._accept(tree.beams, logits, tree.parents())  # path [B, 1 + k]
         if tree.width > 1:
             forward = self.graphs.forward
             move_path((forward.k, forward.v), inp.slots, c, path)

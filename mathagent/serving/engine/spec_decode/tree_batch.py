@@ -69,25 +69,34 @@ class TreeBatch:
         committed position, root first; past ``accepted`` the node is repeated harmlessly) and
         ``tokens [B, 1 + D]`` (accepted drafts, then the target's own token, then -1).
         """
-        b, w, d = self.beams.shape[0], self.width, self.depth
-        pred = logits.argmax(-1)  # [B, nodes]
-        if d == 0:
-            zero = pred.new_zeros(b)
-            return zero, pred.new_zeros(b, 1), pred[:, :1]
-        parents = _layout(w, d, self.beams.device)[2]
-        match = self.beams[:, :, 1:] == pred[:, parents].view(b, w, d)
-        per_beam = match.long().cumprod(-1).sum(-1)  # [B, W]
-        accepted, best = per_beam.max(-1)
-        steps = torch.arange(d + 1, device=pred.device)
-        last_node = torch.where(accepted > 0, best * d + accepted, 0)  # node 1 + best*d + acc-1
-        path = torch.minimum(1 + best[:, None] * d + steps[None] - 1, last_node[:, None])
-        path[:, 0] = 0
-        drafts = self.beams[torch.arange(b, device=pred.device), best, 1:]  # [B, D]
-        last = pred.gather(1, path.gather(1, accepted[:, None]))  # [B, 1]
-        tokens = torch.cat([drafts, drafts.new_full((b, 1), -1)], 1)
-        tokens = torch.where(steps[None] < accepted[:, None], tokens, -1)
-        tokens.scatter_(1, accepted[:, None], last)
-        return accepted, path, tokens
+        if self.depth == 0:
+            pred = logits.argmax(-1)
+            return pred.new_zeros(pred.shape[0]), pred.new_zeros(pred.shape[0], 1), pred[:, :1]
+        return accept_longest(self.beams, logits, self.parents())
+
+    def parents(self) -> Tensor:
+        """Each draft node's parent node ``[W * D]`` (the root is node 0)."""
+        return _layout(self.width, self.depth, self.beams.device)[2]
+
+
+def accept_longest(beams: Tensor, logits: Tensor, parents: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """:meth:`TreeBatch.greedy_accept` of ``beams [B, W, 1 + D]`` (``D >= 1``) with the
+    shape's ``parents``: tensors only, so a captured step compiles it into a few kernels."""
+    b, w, d = beams.shape[0], beams.shape[1], beams.shape[2] - 1
+    pred = logits.argmax(-1)  # [B, nodes]
+    match = beams[:, :, 1:] == pred[:, parents].view(b, w, d)
+    per_beam = match.long().cumprod(-1).sum(-1)  # [B, W]
+    accepted, best = per_beam.max(-1)
+    steps = torch.arange(d + 1, device=pred.device)
+    last_node = torch.where(accepted > 0, best * d + accepted, 0)  # node 1 + best*d + acc-1
+    path = torch.minimum(1 + best[:, None] * d + steps[None] - 1, last_node[:, None])
+    path[:, 0] = 0
+    drafts = beams[torch.arange(b, device=pred.device), best, 1:]  # [B, D]
+    last = pred.gather(1, path.gather(1, accepted[:, None]))  # [B, 1]
+    tokens = torch.cat([drafts, drafts.new_full((b, 1), -1)], 1)
+    tokens = torch.where(steps[None] < accepted[:, None], tokens, -1)
+    tokens.scatter_(1, accepted[:, None], last)
+    return accepted, path, tokens
 
 
 def _pad(beams: Tensor, width: int, depth: int) -> Tensor:
