@@ -102,6 +102,26 @@ def _small_head(seed: int = 0) -> Eagle3Head:
     return head
 
 
+def test_fused_projections_compute_what_the_separate_modules_do() -> None:
+    """Serving's q/k/v and gate/up products, each one product over copied rows, give the
+    layer's outputs of the separate modules training keeps."""
+    head = _small_head()
+    mid = head.midlayer
+    emb, hidden = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
+    cos, sin = rope_table(head.config.layer_args(), 16)
+    pos = torch.arange(3, 8)
+    trig = (cos[pos][None, :, None], sin[pos][None, :, None])
+    with torch.no_grad():
+        separate = mid.project(emb, hidden, *trig)
+        out = mid.finish(separate[0], attend(*separate[1:], None))
+        mid.fuse_projections()
+        fused = mid.project(emb, hidden, *trig)
+        for a, b in zip(separate, fused, strict=True):
+            torch.testing.assert_close(b, a)
+        torch.testing.assert_close(mid.finish(fused[0], attend(*fused[1:], None)), out)
+    assert mid.qkv is not None and mid.mlp.gate_up is not None
+
+
 def test_the_training_time_test_is_what_a_drafted_chain_computes() -> None:
     """Step s at t of the unrolled training forward equals drafting s tokens after position t
     with the layer's KV cache over 0..t and the chain's own keys (as the proposer drafts)."""
