@@ -149,6 +149,8 @@ class _Attention(nn.Module):
 
 
 class _MLP(nn.Module):
+    gate_up: Tensor | None = None  # gate and up rows in one product (set for inference)
+
     def __init__(self, cfg: Eagle3Config) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
@@ -161,11 +163,11 @@ class _MLP(nn.Module):
             return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
-    gate_up: Tensor | None = None  # gate and up rows in one product (set for inference)
-
 
 class MidLayer(nn.Module):
     """The one decoder layer; attention itself is left to the caller (cache, tree or TTT)."""
+
+    qkv: Tensor | None = None  # q, k and v rows in one product (set for inference)
 
     def __init__(self, cfg: Eagle3Config) -> None:
         super().__init__()
@@ -197,8 +199,6 @@ class MidLayer(nn.Module):
         k = apply_rope(k.reshape(b, t, -1, d), cos, sin)
         v = v.reshape(b, t, -1, d)
         return residual, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-
-    qkv: Tensor | None = None  # q, k and v rows in one product (set for inference)
 
     def fuse_projections(self) -> None:
         """Serve q/k/v and gate/up each as one product (copies of the current weights, for
