@@ -132,7 +132,7 @@ def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str]
     for n, group in enumerate(prompts[i : i + size] for i in range(0, len(prompts), size)):
         # the speculative methods take turns going first: a fixed order gave the auto policy
         # the first run of every problem, and taking turns moved the auto/fixed gap from 7.9%
-        # to 4.2% (H200, bf16, runs 52-53: the rest is the policy's own cost)
+        # to 4.2% (H200, bf16, runs 52-53; the rest is not located)
         turn = n % max(1, len(methods) - 1)
         for method in methods[:1] + methods[1:][turn:] + methods[1:][:turn]:
             params = SamplingParams(max_tokens=args.default_max_tokens, temperature=0.0,
