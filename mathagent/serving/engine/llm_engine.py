@@ -111,9 +111,6 @@ class LLMEngine:
         )
         rid = request_id or f"req-{next(self._ids)}"
         seq = Sequence(rid, ids, params, detok, self.loaded.eos_token_ids)
-        # a drafter starts from the hidden state of a prefill step, so only plain decoding
-        # may take its last prompt token in a decode step
-        seq.joins_decode = self.speculator.method_of(seq).kind == "none"
         return seq
 
     def add_sequence(self, seq: Sequence) -> None:
@@ -139,6 +136,10 @@ class LLMEngine:
         self.scheduler.finish(seq)
         return seq.finish("abort")
 
+    def sequence(self, request_id: str) -> Sequence | None:
+        """The running or waiting sequence of a request; None once it finished or is unknown."""
+        return self._seqs.get(request_id)
+
     def has_unfinished(self) -> bool:
         """True while any request waits or runs."""
         return self.scheduler.has_work()
@@ -152,6 +153,7 @@ class LLMEngine:
             if seq.prefix_source is not None and seq.slot is not None:
                 source, length = seq.prefix_source  # a running slot holds this prompt's prefix
                 self.runner.cache.copy_prefix(source, seq.slot, length)
+                self.speculator.copied_prefix(source, seq.slot, length)
                 seq.prefix_source = None
         tokens = self._run(batch)
         return self._postprocess(batch, tokens)

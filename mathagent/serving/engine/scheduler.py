@@ -11,8 +11,8 @@ it is needed again. A new prompt that starts like a running sequence or a freed 
 (the same system prompt, or an agent's next turn, which resends the whole conversation) reuses
 that prefix: it takes the freed slot itself, or has the prefix copied from the running one, and
 only the rest of the prompt is prefilled. A sequence missing only its last prompt token joins
-the decode batch at once (when it does not speculate), so requests that share a prompt start
-decoding together.
+the decode batch at once, so requests that share a prompt start decoding together (a drafter
+with no hidden state for it yet drafts from the next step on).
 """
 
 from __future__ import annotations
@@ -83,9 +83,9 @@ class Scheduler:
     @staticmethod
     def _decodes(seq: Sequence) -> bool:
         """Whether ``seq`` runs in decode steps: its prompt is cached, or only the last prompt
-        token is missing and it may join (a decode step feeds exactly that token)."""
+        token is missing (a decode step feeds exactly that token)."""
         missing = len(seq.prompt_ids) - seq.num_cached
-        return missing <= 0 or (missing == 1 and seq.joins_decode)
+        return missing <= 1
 
     def _prefilling(self) -> Sequence | None:
         return next((s for s in self.running if not self._decodes(s)), None)

@@ -87,7 +87,6 @@ class Sequence:
         self.slot: int | None = None
         self.num_cached = 0  # tokens whose K/V are in the slot; the next write position
         self.prefix_source: tuple[int, int] | None = None  # (slot, length) to copy K/V from
-        self.joins_decode = False  # may feed its last prompt token in a decode step (no drafter)
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.metrics = RequestMetrics(prompt_tokens=len(prompt_ids))

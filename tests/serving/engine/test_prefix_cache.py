@@ -83,7 +83,6 @@ def test_requests_sharing_a_cached_prompt_start_decoding_together():
     same = [_seq(f"r{i}", [1, 2, 3]) for i in range(3)]
     long = _seq("long", [8, 8, 8, 8])
     for seq in [*same, long]:
-        seq.joins_decode = True
         sched.add(seq)
     first = sched.schedule()  # all four were admitted in one go
     assert first is not None and first.kind == "decode"

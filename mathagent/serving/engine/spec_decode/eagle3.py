@@ -197,6 +197,11 @@ class Eagle3Proposer:
     def accepted(self, row: SpecRow, old_cached: int, num_accepted: int) -> None:
         """Nothing to remember: a tree's accepted features were moved by :meth:`moved`."""
 
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """The engine copied slot ``src``'s first ``length`` positions into ``dst``: their
+        features follow (the head's own K/V is re-settled from them for a new row)."""
+        self.feats[dst, :length] = self.feats[src, :length]
+
     def moved(self, slots: Tensor, base: Tensor, path: Tensor) -> None:
         """A tree verify's accepted path ``[B, 1 + D]`` (node indices, written from ``base``)
         moved to consecutive positions: the features the sink wrote there follow, as the

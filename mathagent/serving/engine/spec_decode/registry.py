@@ -46,6 +46,10 @@ class Proposers:
             self._built[method] = load_proposer(method, self.target, self.beams, self.model_dir)
         return self._built[method]
 
+    def loaded(self) -> list[Proposer]:
+        """The proposers built so far (a method that means no drafting is left out)."""
+        return [p for p in self._built.values() if p is not None]
+
     def register(self, method: SpecMethod, proposer: Proposer) -> None:
         """Use ``proposer`` for ``method`` (already-built drafters, e.g. in tests)."""
         self._built[method] = proposer

@@ -316,3 +316,34 @@ def test_a_trees_accepted_features_follow_its_kv(engine, heads) -> None:
     # root at 20, beam 1's first two drafts (nodes 6, 7 of a 2 x 5 tree) accepted
     proposer.moved(torch.tensor([1]), torch.tensor([20]), torch.tensor([[0, 6, 7, 7, 7, 7]]))
     assert feats[1, 20:24, 0].tolist() == [0.0, 6.0, 7.0, 7.0]
+
+
+def test_copies_of_a_cached_prompt_join_decode_and_draft_from_the_same_features(
+    engine, heads
+) -> None:
+    """A prompt cached in a freed slot: speculative copies of it join the decode batch at once
+    (no prefill step each), and the copies whose prefix is copied from a running slot get its
+    features too, so all draft alike (with other slots' features overwritten by noise, a copy
+    drafting from its own slot's stale features would accept differently)."""
+    greedy = SamplingParams(max_tokens=24, temperature=0.0)
+    params = SamplingParams(max_tokens=24, temperature=0.0, speculative=heads[2])  # trained
+    plain = engine.generate([PROMPTS[2]], greedy)[0].token_ids
+    engine.generate([PROMPTS[2]], params)  # its slot, now free, holds the prompt
+    ids = engine.encode(PROMPTS[2])
+    donor = next(s for s, held in engine.scheduler.free.items() if held[: len(ids)] == ids)
+    proposer = engine.speculator.proposer(SpecMethod("eagle3", heads[2].split(":", 1)[1]))
+    assert proposer is not None
+    others = [s for s in range(proposer.feats.shape[0]) if s != donor]
+    proposer.feats[others] = torch.randn_like(proposer.feats[others])
+    rids = [engine.add_request(PROMPTS[2], params) for _ in range(3)]
+    first = engine.step()  # one decode step feeds all three their last prompt token
+    assert sorted(o.request_id for o in first) == sorted(rids)
+    outs = {o.request_id: o for o in first}
+    tokens = {r: list(outs[r].delta_token_ids) for r in rids}
+    while engine.has_unfinished():
+        for o in engine.step():
+            tokens[o.request_id] += o.delta_token_ids
+            outs[o.request_id] = o
+    assert all(tokens[r] == plain for r in rids)
+    accepted = [outs[r].metrics.speculative["per_position_acceptance"] for r in rids]
+    assert accepted[0] == accepted[1] == accepted[2] and accepted[0][0] > 0, accepted
