@@ -347,3 +347,36 @@ def test_copies_of_a_cached_prompt_join_decode_and_draft_from_the_same_features(
     assert all(tokens[r] == plain for r in rids)
     accepted = [outs[r].metrics.speculative["per_position_acceptance"] for r in rids]
     assert accepted[0] == accepted[1] == accepted[2] and accepted[0][0] > 0, accepted
+
+
+def test_a_new_turn_settles_only_what_is_new(engine, heads) -> None:
+    """A request that resends a finished one's conversation and adds to it (an agent's next
+    turn) takes that slot; the head's layer K/V there already hold the shared positions, so its
+    first settle starts near the new tokens, and it drafts exactly what a full settle does."""
+    params = SamplingParams(max_tokens=16, temperature=0.0, speculative=heads[2])
+    proposer = engine.speculator.proposer(SpecMethod("eagle3", heads[2].split(":", 1)[1]))
+    assert proposer is not None
+    first = engine.generate([PROMPTS[3]], params)[0]
+    turn = engine.encode(PROMPTS[3]) + first.token_ids + engine.encode("\nAnd double it?")
+    settles: list[tuple[int, int]] = []
+    layer = proposer._layer
+
+    def spy(slot, emb, hidden, start, end):
+        settles.append((start, end))
+        return layer(slot, emb, hidden, start, end)
+
+    proposer._layer = spy
+    try:
+        reused = engine.generate([turn], params)[0]
+        assert settles and settles[0][0] >= len(turn) - 20, settles[0]  # only the new part
+        engine.generate([PROMPTS[3]], params)  # the slot now holds other tokens past the prompt
+        proposer._slot_layer.clear()  # forget it: the same turn settled from position 0
+        settles.clear()
+        fresh = engine.generate([turn], params)[0]
+        assert settles[0][0] == 0
+    finally:
+        proposer._layer = layer
+    plain = engine.generate([turn], SamplingParams(max_tokens=16, temperature=0.0))[0]
+    assert reused.token_ids == fresh.token_ids == plain.token_ids
+    spec = (reused.metrics.speculative, fresh.metrics.speculative)
+    assert spec[0]["per_position_acceptance"] == spec[1]["per_position_acceptance"], spec
