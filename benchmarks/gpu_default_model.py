@@ -24,6 +24,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -108,8 +109,12 @@ def run(args: argparse.Namespace) -> dict:
             extra = time_methods(eagle, args, prompts, [f"eagle3:{args.eagle3}"])
             extra["outputs"]["reference"] = timed["outputs"]["none"]  # the graph engine's plain
             plain = out["methods"]["none"]["decode_tokens_per_s"]
+            whole = out["methods"]["none"]["whole_request_tokens_per_s"]
             for name, entry in report(eagle, args, prompts, extra)["methods"].items():
                 entry["speedup"] = round(entry["decode_tokens_per_s"] / plain, 3)
+                entry["whole_request_speedup"] = round(
+                    entry["whole_request_tokens_per_s"] / whole, 3
+                )
                 out["methods"]["none_eager" if name == "none" else name] = entry
         return out
 
@@ -121,9 +126,11 @@ def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str]
     modes = ["auto", "fixed"] if args.default_policy == "both" else [args.default_policy]
     methods = ["none"] + [f"{m}@{mode}" for m in spec for mode in modes]
     policies = {m: DraftPolicy(args.default_draft_len, m.endswith("@auto")) for m in methods}
-    totals = {m: {"tokens": 0, "seconds": 0.0, "wall": 0.0, "ahead": 0} for m in methods}
+    totals = {m: {"tokens": 0, "seconds": 0.0, "wall": 0.0, "ahead": 0, "all_tokens": 0}
+              for m in methods}  # fmt: skip
     stats = {m: SpecStats() for m in methods}
     outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
+    timelines: dict[str, dict[str, list[float]]] = {m: {} for m in methods}
     for method in methods:  # warm-up: captures each method's graphs outside the timing
         engine.speculator.policy = DraftPolicy(args.default_draft_len, False)  # every step drafts
         engine.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0.0,
@@ -134,14 +141,18 @@ def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str]
         # the first run of every problem, and taking turns moved the auto/fixed gap from 7.9%
         # to 4.2% (H200, bf16, runs 52-53; the rest is not located)
         turn = n % max(1, len(methods) - 1)
+        # every method starts from the same cache: the prompt cached but its last token (the
+        # first method timed would otherwise pay the prefill the others reuse)
+        engine.generate(group, SamplingParams(max_tokens=1, temperature=0.0))
         for method in methods[:1] + methods[1:][turn:] + methods[1:][:turn]:
             params = SamplingParams(max_tokens=args.default_max_tokens, temperature=0.0,
                                     speculative=method.split("@")[0])  # fmt: skip
             engine.speculator.policy = policies[method]  # each method learns its own
             claimed, start = _claimed(engine, method), time.perf_counter()
-            results = engine.generate(group, params)
+            results = _generate(engine, group, params, timelines[method])
             wall = time.perf_counter() - start
             totals[method]["wall"] += wall
+            totals[method]["all_tokens"] += sum(len(r.token_ids) for r in results)
             totals[method]["ahead"] += _claimed(engine, method) - claimed
             for res in results:
                 m = res.metrics
@@ -153,7 +164,36 @@ def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str]
                     stats[method].merge(m.speculative)
             if size > 1:  # rows overlap: the group's wall time is what they cost together
                 totals[method]["seconds"] += wall
-    return {"methods": methods, "totals": totals, "stats": stats, "outputs": outputs}
+    return {"methods": methods, "totals": totals, "stats": stats, "outputs": outputs,
+            "timelines": timelines}  # fmt: skip
+
+
+def _generate(engine: LLMEngine, prompts: list[str], params: SamplingParams,
+              timeline: dict[str, list[float]]) -> list:  # fmt: skip
+    """``engine.generate``'s loop, timing each step by its place in a request's life: the
+    prefill, the first decode step (a drafter settles on the prompt; nothing was launched
+    ahead), the middle steps and the last (where a step launched ahead is thrown away), so a
+    per-request cost beside the steady step shows (GPU_NOTES, run 53: ~3.6 ms a request)."""
+    ids = [engine.add_request(p, params) for p in prompts]
+    tokens: dict[str, list[int]] = {i: [] for i in ids}
+    done: dict[str, object] = {}
+    while len(done) < len(ids):
+        t0 = time.perf_counter()
+        outs = engine.step()
+        dt = time.perf_counter() - t0
+        place = "middle"
+        for out in outs:
+            if not tokens[out.request_id]:
+                place = "prefill"
+            elif out.finished:
+                place = "last"
+            elif len(tokens[out.request_id]) == 1 and place == "middle":
+                place = "first_decode"
+            tokens[out.request_id] += out.delta_token_ids
+            if out.finished:
+                done[out.request_id] = out
+        timeline.setdefault(place, []).append(dt)
+    return [SimpleNamespace(token_ids=tokens[i], metrics=done[i].metrics) for i in ids]
 
 
 def _claimed(engine: LLMEngine, method: str) -> int:
@@ -169,6 +209,7 @@ def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], time
     totals, outputs = timed["totals"], timed["outputs"]
     reference = outputs.get("reference", outputs["none"])
     base = totals["none"]["tokens"] / max(totals["none"]["seconds"], 1e-9)
+    base_whole = totals["none"]["all_tokens"] / max(totals["none"]["wall"], 1e-9)
     out = {"model": engine.model_name, "device": str(engine.config.device),
            "dtype": str(engine.config.dtype).removeprefix("torch."),
            "cuda_graphs": engine.runner.graphs is not None, "problems": len(prompts),
@@ -179,7 +220,11 @@ def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], time
     for method in timed["methods"]:
         t = totals[method]
         tps = t["tokens"] / max(t["seconds"], 1e-9)
+        whole = t["all_tokens"] / max(t["wall"], 1e-9)
         entry = {"decode_tokens_per_s": round(tps, 2), "speedup": round(tps / base, 3),
+                 # every step of each request, its first included (from a cached prompt)
+                 "whole_request_tokens_per_s": round(whole, 2),
+                 "whole_request_speedup": round(whole / base_whole, 3),
                  "tokens": t["tokens"], "end_to_end_s": round(t["wall"], 3),
                  "identical_to_plain_greedy": outputs[method] == reference,
                  "steps_launched_ahead": t["ahead"]}  # fmt: skip
@@ -190,6 +235,11 @@ def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], time
             keys = ("acceptance_length", "drafted_tokens", "accepted_tokens", "acceptance_rate",
                     "per_position_acceptance", "draft_ms_per_step", "verify_ms_per_step")  # fmt: skip
             entry.update({k: d[k] for k in keys if k in d})
+        if timed.get("timelines", {}).get(method):  # ms per step by place in a request
+            entry["step_ms_by_place"] = {
+                place: {"steps": len(ts), "mean_ms": round(1e3 * sum(ts) / len(ts), 4)}
+                for place, ts in timed["timelines"][method].items()
+            }
         kind, at, mode = method.partition("@")
         out["methods"][kind.split(":")[0] + at + mode] = entry
     return out
@@ -198,9 +248,21 @@ def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], time
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser)
+    parser.add_argument("--render-prompts", type=Path, metavar="OUT",
+                        help="write the --prompts rows with the agent's rendered prompt to OUT "
+                             "(for a machine without the agent's dependencies) and stop")  # fmt: skip
     args = parser.parse_args()
     if not args.default_model:
         raise SystemExit("--default-model is required")
+    if args.render_prompts:  # here, where the agent's dependencies are: the CPU engine
+        rows = [json.loads(x) for x in args.prompts.read_text().splitlines() if x.strip()]
+        args.default_device = "cpu"
+        with tempfile.TemporaryDirectory() as tmp:
+            engine = make_engine(args, args.model_dir or Path(tmp), graphs=False)
+            rendered = agent_prompts(engine, args.prompts, args.default_limit)
+        lines = [json.dumps({**r, "prompt": p}) for r, p in zip(rows, rendered, strict=False)]
+        args.render_prompts.write_text("\n".join(lines) + "\n")
+        return
     torch.manual_seed(0)
     print(json.dumps(run(args), indent=1))
 

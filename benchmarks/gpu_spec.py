@@ -146,11 +146,16 @@ def replay_proposer(engine: LLMEngine, refs, accept: int, vocab: int, inner=None
 
 
 def timed(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> dict:
-    """Run ``prompts`` concurrently; steady tokens/s counts steps while all of them decode."""
+    """Run ``prompts`` concurrently; steady tokens/s counts steps while all of them decode.
+
+    Also what tells two rows of the same prompts apart when their steady rates differ: the
+    whole batch's rate (ramp and tail included: speculation during the ramp shows there) and
+    the mean cached length per row over the steady steps (rows that got further during the
+    ramp make every steady step's attention read more K/V)."""
     ids = [engine.add_request(p, params) for p in prompts]
     outputs: dict[str, list[int]] = {i: [] for i in ids}
     started: set[str] = set()
-    steady_tokens, steady_s, steps, tokens = 0, 0.0, 0, 0
+    steady_tokens, steady_s, steps, tokens, cached = 0, 0.0, 0, 0, 0
     start = time.perf_counter()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -163,12 +168,27 @@ def timed(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -
         tokens += n
         if all_in and not any(o.finished for o in outs):
             steady_tokens, steady_s, steps = steady_tokens + n, steady_s + dt, steps + 1
+            running = [engine.sequence(i) for i in ids]
+            cached += sum(s.num_cached for s in running if s is not None) // len(ids)
         for o in outs:
             outputs[o.request_id] += o.delta_token_ids
         started.update(o.request_id for o in outs)
-    wall = tokens / max(time.perf_counter() - start, 1e-9)  # when no step had every row in
+    wall = tokens / max(time.perf_counter() - start, 1e-9)
     return {"tok_s": steady_tokens / steady_s if steps else wall, "steps": steps,
+            "whole_batch_tok_s": wall, "steady_mean_cached": cached / max(steps, 1),
             "outputs": [outputs[i] for i in ids]}  # fmt: skip
+
+
+class NeverDrafts(DraftPolicy):
+    """A policy that always picks plain: the speculative path's own cost when it never drafts
+    (the speculator's host work per step, requests that take speculation), apart from what
+    probes and the ramp cost."""
+
+    def choose(self, batch: int) -> int:
+        return 0
+
+    def keeps(self, batch: int, k: int) -> bool:
+        return k == 0
 
 
 # untimed passes that warm an auto row's policy (gpu_bench --auto-warm-passes): more of them
@@ -176,9 +196,10 @@ def timed(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -
 AUTO_WARM_PASSES = 1
 
 
-def spec_run(engine, prompts, max_tokens, proposer, adaptive: bool, draft_len: int) -> dict:
+def spec_run(engine, prompts, max_tokens, proposer, adaptive: bool, draft_len: int,
+             policy: DraftPolicy | None = None) -> dict:  # fmt: skip
     engine.speculator.proposers.register(REPLAY, proposer)
-    engine.speculator.policy = DraftPolicy(draft_len, adaptive)
+    engine.speculator.policy = policy or DraftPolicy(draft_len, adaptive)
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
                             speculative=str(REPLAY))  # fmt: skip
     if adaptive:  # a serving engine's policy has measured earlier requests: warm it untimed
@@ -211,8 +232,15 @@ def batch_section(engine, prompts, max_tokens, vocab, draft_len, inner=None, acc
     diverged = [first_difference(a, b) for a, b in zip(plain["outputs"], wide_out, strict=True)]
     res: dict = {"rows": len(prompts), "plain_tok_s": plain["tok_s"],
                  "verify_width_output_differs_from_plain_rows": sum(d is not None for d in diverged),
-                 "first_difference_positions": diverged}  # fmt: skip
+                 "first_difference_positions": diverged,
+                 "plain_whole_batch_tok_s": plain["whole_batch_tok_s"],
+                 "plain_steady_mean_cached": plain["steady_mean_cached"]}  # fmt: skip
     refs = {tuple(p): o for p, o in zip(prompts, wide["outputs"], strict=True)}
+    # the speculative path with a policy that never drafts: what auto costs where it stays plain
+    never = spec_run(engine, prompts, max_tokens, ReplayProposer(refs, 1, vocab), False, draft_len,
+                     policy=NeverDrafts(draft_len))  # fmt: skip
+    res["never_drafts"] = {"speedup": never["tok_s"] / plain["tok_s"], "steps": never["steps"],
+                           "identical_to_reference": never["outputs"] == wide_out}  # fmt: skip
     for accept in acceptances or range(1, draft_len + 2):
         row: dict = {}
         for i, replay in enumerate(replays):
@@ -225,6 +253,9 @@ def batch_section(engine, prompts, max_tokens, vocab, draft_len, inner=None, acc
                 row[name] = {"tok_s": run["tok_s"], "speedup": run["tok_s"] / plain["tok_s"],
                              "acceptance_length": run["acceptance_length"],
                              "spec_forwards": run["spec_forwards"], "steps": run["steps"],
+                             "whole_batch_speedup": run["whole_batch_tok_s"]
+                             / plain["whole_batch_tok_s"],
+                             "steady_mean_cached": run["steady_mean_cached"],
                              "identical_to_reference": run["outputs"] == wide_out,
                              "replay": type(proposer).__name__,
                              "launched_ahead": getattr(getattr(proposer, "steps", None),
