@@ -153,7 +153,7 @@ class LLMEngine:
             if seq.prefix_source is not None and seq.slot is not None:
                 source, length = seq.prefix_source  # a running slot holds this prompt's prefix
                 self.runner.cache.copy_prefix(source, seq.slot, length)
-                self.speculator.copied_prefix(source, seq.slot, length)
+                self.speculator.proposers.copied_prefix(source, seq.slot, length)
                 seq.prefix_source = None
         tokens = self._run(batch)
         return self._postprocess(batch, tokens)

@@ -19,6 +19,10 @@ repeated sentence badly; the lookup copies exactly those. On the default model's
 transcripts the replayed walk goes from 2.51 to 3.84 tokens per step, and on the H200 the live
 acceptance from 2.66 to 3.61 (benchmarks/GPU_NOTES.md, session four, run 48), for a verify of
 ``1 + 2k`` nodes instead of ``1 + k``.
+
+One module, over the usual size, because the sink, the layer's per-slot K/V (settled, reused
+across requests that share tokens, moved with a tree's path) and the drafting paths all work on
+the same per-slot buffers, which a split would have to hand around.
 """
 
 from __future__ import annotations

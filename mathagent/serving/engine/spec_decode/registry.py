@@ -46,9 +46,14 @@ class Proposers:
             self._built[method] = load_proposer(method, self.target, self.beams, self.model_dir)
         return self._built[method]
 
-    def loaded(self) -> list[Proposer]:
-        """The proposers built so far (a method that means no drafting is left out)."""
-        return [p for p in self._built.values() if p is not None]
+    def copied_prefix(self, src: int, dst: int, length: int) -> None:
+        """A prompt's prefix was copied from slot ``src`` into ``dst``: drafters that keep
+        something per cached position (EAGLE-3's features and layer K/V) copy theirs too, or
+        the new row would draft from another request's stale state."""
+        for proposer in self._built.values():
+            copy = getattr(proposer, "copy_prefix", None)
+            if copy is not None:
+                copy(src, dst, length)
 
     def register(self, method: SpecMethod, proposer: Proposer) -> None:
         """Use ``proposer`` for ``method`` (already-built drafters, e.g. in tests)."""

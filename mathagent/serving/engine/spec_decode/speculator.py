@@ -87,15 +87,6 @@ class Speculator:
         self._tracks[seq.request_id] = _Track(hidden=hidden)
         self._since = None  # the next step's wall time would hold this prefill
 
-    def copied_prefix(self, src: int, dst: int, length: int) -> None:
-        """A prompt's prefix was copied from slot ``src`` into ``dst``: drafters that keep
-        something per cached position (EAGLE-3's fused features) copy theirs too, or the new
-        row would draft from another request's stale state."""
-        for proposer in self.proposers.loaded():
-            copy = getattr(proposer, "copy_prefix", None)
-            if copy is not None:
-                copy(src, dst, length)
-
     def run(self, seqs: list[Sequence], plain: Callable[[list[Sequence], bool], list[int]]) -> list:
         """One decode step of ``seqs`` with the draft length the policy picks (0: ``plain``,
         told whether the next step is plain too, so it launches that one ahead only then: a
