@@ -241,6 +241,7 @@ def spec_sections(engine: LLMEngine, vocab: int) -> dict:
 
 
 def main() -> None:
+    global DRAFT_LEN
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--shapes", nargs="*", default=["llama-3.2-1b", "llama-3-8b"],
                         help="random-weight model shapes (none: only the default-model section)")  # fmt: skip
@@ -258,6 +259,10 @@ def main() -> None:
     parser.add_argument("--fp8-unfused-rows", action="store_true",
                         help="FP8 verify rows through fp8.linear, norm / SiLU / residual apart (fp8_gemv.FUSED_ROWS off)")  # fmt: skip
     parser.add_argument("--skip-redrafter", action="store_true", help="--only-spec: no ReDrafter")
+    parser.add_argument("--draft-len", type=int, default=DRAFT_LEN, help="drafts per verify step")
+    parser.add_argument("--fused-table", default=None,
+                        help="JSON from fused_rows_sweep.py --table-out: these fused skinny launch "
+                             "shapes (cuda/skinny.py FUSED_CONFIGS) replace the committed table")  # fmt: skip
     parser.add_argument("--auto-warm-passes", type=int, default=1,
                         help="untimed passes before an auto row is timed")  # fmt: skip
     parser.add_argument("--weights", default="stable", choices=["stable", "random"],
@@ -267,7 +272,16 @@ def main() -> None:
                         help="--only-spec: where the replay proposer drafts (first fills fixed/auto)")  # fmt: skip
     gpu_default_model.add_arguments(parser)
     args = parser.parse_args()
+    DRAFT_LEN = args.draft_len
     gpu_spec.AUTO_WARM_PASSES = args.auto_warm_passes
+    if args.fused_table:
+        from mathagent.serving.engine.cuda import skinny
+
+        with open(args.fused_table) as f:
+            entries = json.load(f)
+        skinny.FUSED_CONFIGS.clear()
+        for n, k, size, rows, *cfg in entries:
+            skinny.FUSED_CONFIGS[n, k, size, rows] = skinny.SkinnyConfig(*cfg)
     if args.fp8_unfused_rows:
         from mathagent.serving.engine.cuda import fp8_gemv
 
@@ -283,6 +297,9 @@ def main() -> None:
         _write_out("gemv_sweep.json", json.dumps(sweep, indent=1))
         out["gemv_sweep"] = _sweep_summary(sweep, time.perf_counter() - t0)
     out["gemv_configs"] = {f"{n}x{k}": c.__dict__ for (n, k), c in GEMV_CONFIGS.items()}
+    from mathagent.serving.engine.cuda import skinny
+
+    out["fused_configs"] = {str(key): c.__dict__ for key, c in skinny.FUSED_CONFIGS.items()}
     if args.shapes:
         out["copy_bytes_per_s"] = copy_bandwidth()
     for shape in args.shapes:

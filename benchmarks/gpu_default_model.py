@@ -59,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="draft-length policy of the speculative methods (both: each twice)")  # fmt: skip
     group.add_argument("--no-lookup-branch", action="store_true",
                        help="EAGLE-3 chains without the prompt-lookup branch beside them")  # fmt: skip
+    group.add_argument("--no-fused-rows", action="store_true",
+                       help="no layer takes the fused skinny form (cuda/skinny.py FUSED_CONFIGS "
+                            "emptied): the path before run 59, for an A/B in one run")  # fmt: skip
 
 
 def agent_prompts(engine: LLMEngine, path: Path, limit: int) -> list[str]:
@@ -95,6 +98,10 @@ def run(args: argparse.Namespace) -> dict:
     """Time none / ngram / redrafter (and eagle3) on the default model; the section's JSON."""
     if not (args.drafter and args.prompts):
         raise SystemExit("--default-model needs --drafter DIR and --prompts JSONL")
+    if getattr(args, "no_fused_rows", False):
+        from mathagent.serving.engine.cuda import skinny
+
+        skinny.FUSED_CONFIGS.clear()
     named = {"ngram": "ngram", "redrafter": f"redrafter:{args.drafter}"}
     spec = [named[m] for m in getattr(args, "default_methods", "ngram,redrafter").split(",") if m]
     with tempfile.TemporaryDirectory() as tmp:

@@ -103,20 +103,35 @@ def gemv_ok(weight: Weight, fast: frozenset[tuple[int, int]]) -> bool:
     return tuple(weight.shape) in fast
 
 
-def fused_ok(weight: Weight, fast: frozenset[tuple[int, int]], rows: int) -> bool:
+def fused_ok(
+    weight: Weight,
+    fast: frozenset[tuple[int, int]],
+    rows: int,
+    fused_rows: frozenset[tuple[int, int, int]] = frozenset(),
+) -> bool:
     """Whether a ``rows``-row product with ``weight`` takes :func:`gemv`: one row through a
-    Triton GEMV, or FP8 verify rows through :func:`fp8_gemv.gemv`'s rows kernel."""
-    if rows == 1:
-        return gemv_ok(weight, fast)
-    return isinstance(weight, tuple) and fp8_gemv.rows_fit(weight[0], rows)
+    Triton GEMV, FP8 verify rows through :func:`fp8_gemv.gemv`'s rows kernel, or 1..16 rows
+    through the fused skinny kernel where ``fused_rows`` holds (N, K, fused row bucket)."""
+    if isinstance(weight, tuple):
+        return gemv_ok(weight, fast) if rows == 1 else fp8_gemv.rows_fit(weight[0], rows)
+    if rows == 1 and gemv_ok(weight, fast):
+        return True
+    return (
+        rows <= skinny_kernel.MAX_ROWS
+        and (*weight.shape, skinny_kernel.fused_bucket(rows)) in fused_rows
+    )
 
 
-def gemv(x: torch.Tensor, weight: Weight, **fused) -> torch.Tensor:
-    """The fused product for ``weight``'s kind (one row, or FP8 verify rows), with the
-    prologue/epilogue in ``fused``."""
+def gemv(
+    x: torch.Tensor, weight: Weight, fast: frozenset[tuple[int, int]], **fused
+) -> torch.Tensor:
+    """The fused product for ``weight``'s kind (one row, FP8 verify rows, or the fused skinny
+    kernel's rows: :func:`fused_ok`), with the prologue/epilogue in ``fused``."""
     if isinstance(weight, tuple):
         return fp8_gemv.gemv(x, *weight, **fused)
-    return kernels.gemv(x, weight, **fused)
+    if x.numel() == x.shape[-1] and tuple(weight.shape) in fast:
+        return kernels.gemv(x, weight, **fused)
+    return skinny_kernel.skinny(x, weight, **fused)
 
 
 def _product_weight(linear_module: torch.nn.Module) -> Weight:
@@ -148,6 +163,7 @@ class LayerShape:
     eps: float
     fast: frozenset[tuple[int, int]]  # weight shapes where the Triton GEMV beats cuBLAS
     skinny: frozenset[tuple[int, int, int]] = frozenset()  # (N, K, rows bucket): skinny wins
+    fused_rows: frozenset[tuple[int, int, int]] = frozenset()  # (N, K, fused bucket): fused wins
 
 
 def layer_weights(block: torch.nn.Module) -> tuple[torch.Tensor | None, ...]:
@@ -182,9 +198,9 @@ def layer_step(
     nh, nkv, hd, eps = shape.n_heads, shape.n_kv, shape.head_dim, shape.eps
     h = h if delta is None else h + delta  # [B, T, H]
     bsz, width, _ = h.shape
-    fused = all(fused_ok(w, shape.fast, bsz * width) for w in (wqkv, wo, w13, w2))
+    fused = all(fused_ok(w, shape.fast, bsz * width, shape.fused_rows) for w in (wqkv, wo, w13, w2))
     if fused:
-        qkv = gemv(h, wqkv, norm=ln1, eps=eps)
+        qkv = gemv(h, wqkv, shape.fast, norm=ln1, eps=eps)
         qkv = qkv if bqkv is None else qkv + bqkv
     else:
         qkv = linear(rms_norm(h, ln1, eps), wqkv, shape.fast, bqkv, shape.skinny)
@@ -202,9 +218,9 @@ def layer_step(
         o = attention.decode_attention(q, k_cache, v_cache, inp.slots, inp.start, inp.tree)
     o = o.reshape(bsz, width, nh * hd)
     if fused:
-        h = gemv(o, wo, residual=h)
-        gate_up = gemv(h, w13, norm=ln2, eps=eps)
-        return gemv(gate_up, w2, residual=h, silu_mul=True), None
+        h = gemv(o, wo, shape.fast, residual=h)
+        gate_up = gemv(h, w13, shape.fast, norm=ln2, eps=eps)
+        return gemv(gate_up, w2, shape.fast, residual=h, silu_mul=True), None
     h = h + linear(o, wo, shape.fast, skinny=shape.skinny)
     gate, up = linear(rms_norm(h, ln2, eps), w13, shape.fast, skinny=shape.skinny).split(
         shape.inter, dim=-1
@@ -221,7 +237,7 @@ class CudaForward:
         self.weights = [layer_weights(block) for block in model.layers]
         self.shape = LayerShape(
             args.num_heads, args.num_kv_heads, args.head_dim, args.intermediate_size,
-            args.rms_norm_eps, self._fast_shapes(), self._skinny_shapes(),
+            args.rms_norm_eps, self._fast_shapes(), self._skinny_shapes(), self._fused_shapes(),
         )  # fmt: skip
         self.k, self.v = cache.k, cache.v  # [L, S, Hkv, max_seq, D]
         self.cos, self.sin = cos, sin  # [max_seq, D] in the model dtype
@@ -249,6 +265,15 @@ class CudaForward:
             (*w.shape, rows)
             for w in self._product_weights()
             for rows in skinny_kernel.skinny_buckets(w)
+        )
+
+    def _fused_shapes(self) -> frozenset[tuple[int, int, int]]:
+        """(N, K, fused row bucket) whose products take the fused skinny kernel (measured:
+        ``skinny.FUSED_CONFIGS``)."""
+        return frozenset(
+            (*w.shape, rows)
+            for w in self._product_weights()[:-1]
+            for rows in skinny_kernel.fused_buckets(w)
         )
 
     def _head(

@@ -1,4 +1,4 @@
-"""Triton matrix product for 2..16 rows: the verify steps of speculative decoding.
+"""Triton matrix product for 2..16 rows (the verify steps of speculative decoding), and fused.
 
 A verify step of T tokens per row runs every product at M = rows x T. At M <= 16 the products
 are bound by memory and latency like the one-row GEMV, but cuBLAS picks tiled GEMMs, often with
@@ -9,6 +9,12 @@ and walks K (unrolled: K is a compile-time constant), accumulating in float32 ei
 broadcast FMAs (rows padded to a power of two, one cross-thread reduction at the end) or by
 ``tl.dot`` (rows padded to 16; float32 at IEEE precision, never TF32, so outputs stay within
 float32 rounding of cuBLAS and speculative greedy output stays the plain greedy output).
+
+The fused form takes the one-row GEMV's prologue and epilogue (RMSNorm or SiLU product of the
+input, residual add of the output) for 1..16 rows, so a layer of a model whose widths the
+one-row GEMV does not take (the default model's K = 576 and 1536) runs four kernels and its
+attention instead of Inductor's norm, SiLU and add kernels around four products: on a small
+model the step is bound by the number of kernels, not by bytes.
 """
 
 from __future__ import annotations
@@ -50,15 +56,55 @@ if triton is not None:
             out = acc + x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
         return out
 
+    @triton.jit
+    def _row_stats(x_ptrs, m_ok, rk, K: tl.constexpr, BLOCK_K: tl.constexpr, MP: tl.constexpr,
+                   UNROLL: tl.constexpr, eps):  # fmt: skip
+        # Each row's RMSNorm factor 1 / sqrt(mean(x^2) + eps); every program recomputes it
+        # from L2 (K values per row), as the one-row GEMV does.
+        ss = tl.zeros((MP, BLOCK_K), dtype=tl.float32)
+        if UNROLL:
+            for k0 in tl.static_range(0, K, BLOCK_K):
+                xv = _tile(x_ptrs, m_ok, rk, k0, K, BLOCK_K, "").to(tl.float32)
+                ss += xv * xv
+        else:
+            for k0 in range(0, K, BLOCK_K):
+                xv = tl.load(x_ptrs + k0, mask=m_ok, other=0.0).to(tl.float32)
+                ss += xv * xv
+        return tl.rsqrt(tl.sum(ss, axis=1) / K + eps)
+
+    @triton.jit
+    def _input(x_ptrs, g_ptr, m_ok, rk, k0, K: tl.constexpr, BLOCK_K: tl.constexpr, rstd,
+               PRO: tl.constexpr, CHECK: tl.constexpr):  # fmt: skip
+        # The product's input f(x) for one [MP, BLOCK_K] tile, rounded to the model dtype
+        # step by step as the one-row GEMV's prologue (kernels._gemv_input) and the eager
+        # model round it. PRO: 0 x; 1 RMSNorm(x) * g; 2 silu(x[:, :K]) * x[:, K:].
+        # CHECK: a tile that may pass K (masked); else only rows are masked.
+        dt = x_ptrs.dtype.element_ty
+        mask = m_ok
+        if CHECK:
+            mask = m_ok & (k0 + rk[None, :] < K)
+        x = tl.load(x_ptrs + k0, mask=mask, other=0.0)
+        if PRO == 1:
+            g = tl.load(g_ptr + k0 + rk, mask=k0 + rk < K, other=0.0).to(tl.float32)
+            xf = (x.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32)
+            x = (xf * g[None, :]).to(dt)
+        elif PRO == 2:
+            up = tl.load(x_ptrs + K + k0, mask=mask, other=0.0).to(tl.float32)
+            xf = x.to(tl.float32)
+            x = ((xf * tl.sigmoid(xf)).to(dt).to(tl.float32) * up).to(dt)
+        return x
+
     @triton.jit(do_not_specialize=["M"])
-    def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, stride_xm, stride_wn, K: tl.constexpr,
-                       MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       DOT: tl.constexpr, IEEE: tl.constexpr, UNROLL: tl.constexpr,
-                       EVICT: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
-        # y[M, N] = x[M, K] @ w[N, K]^T; MP: rows padded (16 for tl.dot, a power of two else).
-        # IEEE: float32 operands, multiplied in full precision by tl.dot (no TF32).
-        # UNROLL: the K loop is unrolled (a partial last tile allowed), else a loop over
-        # K // BLOCK_K >= 2 whole tiles.
+    def _skinny_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, M, N, stride_xm, stride_wn, eps,
+                       K: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
+                       UNROLL: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
+                       PRO: tl.constexpr, RESID: tl.constexpr):  # fmt: skip
+        # y[M, N] = f(x)[M, K] @ w[N, K]^T (+ r[M, N]); MP: rows padded (16 for tl.dot, a
+        # power of two else). f: the prologue of _input (PRO). IEEE: float32 operands,
+        # multiplied in full precision by tl.dot (no TF32). UNROLL: the K loop is unrolled (a
+        # partial last tile allowed), else a loop over K // BLOCK_K >= 2 whole tiles.
+        # RESID: the residual add of the eager model (product rounded, then added).
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rm = tl.arange(0, MP)
         rk = tl.arange(0, BLOCK_K)
@@ -71,22 +117,26 @@ if triton is not None:
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
+        rstd = tl.zeros((MP,), dtype=tl.float32)
+        if PRO == 1:
+            rstd = _row_stats(x_ptrs, m_ok, rk, K, BLOCK_K, MP, UNROLL, eps)
         if DOT:
             acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
         else:  # elementwise partial sums; one reduction over K at the end
             acc = tl.zeros((MP, BLOCK_N, BLOCK_K), dtype=tl.float32)
-        acc = _accumulate(acc, _tile(x_ptrs, m_ok, rk, 0, K, BLOCK_K, ""), w, DOT, IEEE)
+        x = _input(x_ptrs, g_ptr, m_ok, rk, 0, K, BLOCK_K, rstd, PRO, BLOCK_K > K)
+        acc = _accumulate(acc, x, w, DOT, IEEE)
         if UNROLL:
             for k0 in tl.static_range(BLOCK_K, K, BLOCK_K):
                 w = _tile(w_ptrs, n_ok, rk, k0, K, BLOCK_K, EVICT)
-                x = _tile(x_ptrs, m_ok, rk, k0, K, BLOCK_K, "")
+                x = _input(x_ptrs, g_ptr, m_ok, rk, k0, K, BLOCK_K, rstd, PRO, k0 + BLOCK_K > K)
                 acc = _accumulate(acc, x, w, DOT, IEEE)
         else:  # each step requests the next tile before it multiplies (one tile ahead)
             w = tl.load(w_ptrs + BLOCK_K, mask=n_ok, other=0.0, eviction_policy=EVICT)
-            x = tl.load(x_ptrs + BLOCK_K, mask=m_ok, other=0.0)
+            x = _input(x_ptrs, g_ptr, m_ok, rk, BLOCK_K, K, BLOCK_K, rstd, PRO, False)
             for k0 in range(2 * BLOCK_K, K, BLOCK_K):
                 w_next = tl.load(w_ptrs + k0, mask=n_ok, other=0.0, eviction_policy=EVICT)
-                x_next = tl.load(x_ptrs + k0, mask=m_ok, other=0.0)
+                x_next = _input(x_ptrs, g_ptr, m_ok, rk, k0, K, BLOCK_K, rstd, PRO, False)
                 acc = _accumulate(acc, x, w, DOT, IEEE)
                 w, x = w_next, x_next
             acc = _accumulate(acc, x, w, DOT, IEEE)
@@ -94,8 +144,12 @@ if triton is not None:
             y = acc
         else:
             y = tl.sum(acc, axis=2)
-        tl.store(y_ptr + rm[:, None] * N + rn[None, :], y.to(y_ptr.dtype.element_ty),
-                 mask=m_ok & (rn[None, :] < N))  # fmt: skip
+        out_ok = m_ok & (rn[None, :] < N)
+        y = y.to(y_ptr.dtype.element_ty)
+        if RESID:
+            r = tl.load(r_ptr + rm[:, None] * N + rn[None, :], mask=out_ok, other=0.0)
+            y = (y.to(tl.float32) + r.to(tl.float32)).to(y_ptr.dtype.element_ty)
+        tl.store(y_ptr + rm[:, None] * N + rn[None, :], y, mask=out_ok)
 
 
 @dataclass(frozen=True)
@@ -147,6 +201,44 @@ SKINNY_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {
     (576, 1536, 2, 8): SkinnyConfig(2, 512, 4, False),  # 4.7 vs 5.1 us
 }  # fmt: skip
 
+# Launch shapes of the fused form (norm / SiLU prologue, residual epilogue) per (N, K, bytes per
+# weight value, fused_bucket), listed where a layer's four fused products measured faster than
+# the unfused layer (cuBLAS or skinny products with Inductor's norm, SiLU and add kernels
+# around them): benchmarks/fused_rows_sweep.py. A layer takes the fused form only when all four
+# of its products are listed for the step's row bucket (forward.layer_step).
+# Measured in run 59 (`fused_rows_sweep.py --models smollm2-135m:bfloat16` and `:float32`,
+# benchmarks/fused_rows_sweep_h200_run59_*.json), the default model's layers (attention left
+# out), us per layer unfused -> fused: bf16 1 row 23.8 -> 12.9, 2 rows 17.0 -> 13.4 (4, 7 and 13
+# rows lost: 0.79-0.92x, cuBLAS's bf16 tensor-core tiles and its split K beat 36-program tiles
+# walking K = 1536 with the SiLU product); float32 1 row 24.1 -> 16.0, 2 rows 19.1 -> 16.3,
+# 4 rows 20.8 -> 19.0, 7 rows 25.8 -> 24.6 (13 rows 0.92x).
+FUSED_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {
+    (960, 576, 2, 1): SkinnyConfig(4, 512, 4, False),
+    (576, 576, 2, 1): SkinnyConfig(4, 512, 4, False),
+    (3072, 576, 2, 1): SkinnyConfig(2, 512, 4, False),
+    (576, 1536, 2, 1): SkinnyConfig(8, 512, 4, False),
+    (960, 576, 2, 2): SkinnyConfig(4, 512, 4, False),
+    (576, 576, 2, 2): SkinnyConfig(4, 512, 4, False),
+    (3072, 576, 2, 2): SkinnyConfig(2, 512, 4, False),
+    (576, 1536, 2, 2): SkinnyConfig(8, 512, 4, False),
+    (960, 576, 4, 1): SkinnyConfig(4, 256, 4, False),
+    (576, 576, 4, 1): SkinnyConfig(4, 256, 4, False),
+    (3072, 576, 4, 1): SkinnyConfig(8, 512, 4, False),
+    (576, 1536, 4, 1): SkinnyConfig(8, 512, 4, False),
+    (960, 576, 4, 2): SkinnyConfig(4, 256, 4, False),
+    (576, 576, 4, 2): SkinnyConfig(4, 256, 4, False),
+    (3072, 576, 4, 2): SkinnyConfig(8, 512, 4, False),
+    (576, 1536, 4, 2): SkinnyConfig(8, 512, 4, False),
+    (960, 576, 4, 4): SkinnyConfig(2, 512, 8, False),
+    (576, 576, 4, 4): SkinnyConfig(2, 256, 4, False),
+    (3072, 576, 4, 4): SkinnyConfig(4, 256, 4, False),
+    (576, 1536, 4, 4): SkinnyConfig(4, 512, 4, False),
+    (960, 576, 4, 8): SkinnyConfig(2, 128, 8, False),
+    (576, 576, 4, 8): SkinnyConfig(2, 512, 4, False),
+    (3072, 576, 4, 8): SkinnyConfig(16, 64, 4, False),
+    (576, 1536, 4, 8): SkinnyConfig(4, 512, 8, False),
+}  # fmt: skip
+
 
 def bucket(rows: int) -> int:
     """The padded row count a product of ``rows`` rows compiles for; 0 outside 2..16."""
@@ -164,13 +256,15 @@ def skinny_buckets(weight: torch.Tensor) -> frozenset[int]:
     return frozenset(b for (n2, k2, s2, b) in SKINNY_CONFIGS if (n2, k2, s2) == (n, k, size))
 
 
-def skinny_config(n: int, k: int, itemsize: int, rows: int) -> SkinnyConfig:
-    """The measured launch shape, else a heuristic one (broadcast FMAs, ~2 programs per SM)."""
-    cfg = SKINNY_CONFIGS.get((n, k, itemsize, bucket(rows)))
+def skinny_config(n: int, k: int, itemsize: int, rows: int, fused: bool = False) -> SkinnyConfig:
+    """The measured launch shape (the fused table's first when ``fused``), else a heuristic one
+    (broadcast FMAs, ~2 programs per SM)."""
+    cfg = FUSED_CONFIGS.get((n, k, itemsize, fused_bucket(rows))) if fused else None
+    cfg = cfg or SKINNY_CONFIGS.get((n, k, itemsize, bucket(rows)))
     if cfg is None:
         block_n = 4 if n <= 2048 else 8 if n <= 8192 else 16
         # ~32 float32 partial sums per thread (4 warps): MP x BLOCK_N x BLOCK_K / 128
-        block_k = min(256, max(32, 4096 // (bucket(rows) * block_n)))
+        block_k = min(256, max(32, 4096 // (max(2, bucket(rows)) * block_n)))
         cfg = SkinnyConfig(block_n, block_k, 4, False)
     if cfg.pdl and not kernels.pdl_supported():
         cfg = SkinnyConfig(cfg.block_n, cfg.block_k, cfg.num_warps, cfg.dot, cfg.evict, False)
@@ -187,36 +281,78 @@ def unrolled(k: int, mp: int, cfg: SkinnyConfig) -> bool:
     return k <= MAX_UNROLL * cfg.block_k and in_flight <= 160 * 32 * cfg.num_warps
 
 
-def launch(x2: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, cfg: SkinnyConfig) -> None:
-    """Run the kernel on ``x2 [M, K]`` (last stride 1) into ``y [M, N]`` (contiguous)."""
+def launch(
+    x2: torch.Tensor,
+    weight: torch.Tensor,
+    y: torch.Tensor,
+    cfg: SkinnyConfig,
+    norm: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    silu_mul: bool = False,
+) -> None:
+    """Run the kernel on ``x2 [M, K]`` (``[M, 2K]`` with ``silu_mul``; last stride 1) into
+    ``y [M, N]`` (contiguous), ``residual [M, N]`` contiguous."""
     m, (n, k) = x2.shape[0], weight.shape
-    mp = MAX_ROWS if cfg.dot else bucket(m)
+    mp = MAX_ROWS if cfg.dot else max(2, bucket(m) or 2)
     unroll = unrolled(k, mp, cfg)
     _skinny_kernel[(triton.cdiv(n, cfg.block_n),)](
-        x2, weight, y, m, n, x2.stride(0), weight.stride(0), K=k, MP=mp, BLOCK_N=cfg.block_n,
+        x2, weight, y, x2 if norm is None else norm, y if residual is None else residual,
+        m, n, x2.stride(0), weight.stride(0), eps, K=k, MP=mp, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, DOT=cfg.dot, IEEE=x2.dtype == torch.float32, UNROLL=unroll,
-        EVICT=cfg.evict, PDL=cfg.pdl,
-        num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
+        EVICT=cfg.evict, PDL=cfg.pdl, PRO=1 if norm is not None else 2 if silu_mul else 0,
+        RESID=residual is not None, num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
     )  # fmt: skip
 
 
 @torch.library.custom_op("mathagent::skinny", mutates_args=())
-def skinny(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight[N, K].T`` for 2..16 rows of ``x [..., K]``; bandwidth-bound."""
+def skinny(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    norm: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    silu_mul: bool = False,
+) -> torch.Tensor:
+    """``f(x) @ weight[N, K].T (+ residual)`` for 1..16 rows of ``x [..., K]``; bandwidth-bound.
+
+    ``f`` as in :func:`kernels.gemv`: the identity, ``RMSNorm(x) * norm``, or
+    ``silu(x[..., :K]) * x[..., K:]`` when ``silu_mul``. With any of them (or ``residual``) the
+    launch shape is the fused table's (:data:`FUSED_CONFIGS`), else :data:`SKINNY_CONFIGS`'.
+    """
     n, k = weight.shape
-    x2 = x.reshape(-1, k)
-    if not bucket(x2.shape[0]):
-        raise ValueError(f"skinny takes 2..{MAX_ROWS} rows, got {x2.shape[0]}")
+    x2 = x.reshape(-1, x.shape[-1])
+    rows = x2.shape[0]
+    fused = norm is not None or residual is not None or silu_mul
+    if not 1 <= rows <= MAX_ROWS or (rows == 1 and not fused):
+        raise ValueError(f"skinny takes {1 if fused else 2}..{MAX_ROWS} rows, got {rows}")
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    y = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
-    launch(x2, weight, y, skinny_config(n, k, weight.element_size(), x2.shape[0]))
+    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    r = None if residual is None else residual.reshape(rows, n).contiguous()
+    cfg = skinny_config(n, k, weight.element_size(), rows, fused)
+    launch(x2, weight, y, cfg, norm, r, eps, silu_mul)
     return y.view(*x.shape[:-1], n)
 
 
 @skinny.register_fake
-def _(x, weight):
+def _(x, weight, norm=None, residual=None, eps=1e-6, silu_mul=False):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def fused_bucket(rows: int) -> int:
+    """The fused table's row bucket: 1 for one row, else :func:`bucket`."""
+    return 1 if rows == 1 else bucket(rows)
+
+
+def fused_buckets(weight: torch.Tensor) -> frozenset[int]:
+    """The row buckets whose products with ``weight`` take the fused kernel (measured: a
+    layer's four products there beat cuBLAS with the norms, SiLU and adds around it)."""
+    if not skinny_fits(weight):
+        return frozenset()
+    n, k = weight.shape
+    size = weight.element_size()
+    return frozenset(b for (n2, k2, s2, b) in FUSED_CONFIGS if (n2, k2, s2) == (n, k, size))
 
 
 def skinny_fits(weight: torch.Tensor) -> bool:

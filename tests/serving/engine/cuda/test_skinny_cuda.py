@@ -146,3 +146,107 @@ def test_speculative_verify_on_skinny_equals_plain_greedy(runners):
             taken += 1
         out += target[: taken + 1]
     assert out[: len(plain)] == plain
+
+
+def _fused_reference(x, w, kw):
+    """The eager model's rounding order: f(x) in the model dtype, the product, the residual."""
+    from mathagent.serving.engine.cuda.forward import rms_norm
+
+    if "norm" in kw:
+        x = rms_norm(x, kw["norm"], kw["eps"])
+    if kw.get("silu_mul"):
+        x = F.silu(x[..., : w.shape[1]]) * x[..., w.shape[1] :]
+    y = F.linear(x, w)
+    return y + kw["residual"] if "residual" in kw else y
+
+
+@pytest.mark.parametrize("dot", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_form_computes_the_layer_ops(dot, dtype):
+    """Norm / SiLU prologue and residual epilogue at 1..16 rows, each launch form, equal the
+    eager ops within float32 summation order (float32) or one rounding (bf16)."""
+    from mathagent.serving.engine.cuda import skinny as sk
+
+    torch.manual_seed(2)
+    qkv, wo, w13, w2 = product_shapes("smollm2-135m")[:4]
+    cases = {"norm": qkv, "resid": wo, "norm13": w13, "silu": w2}
+    for mode, (n, k) in cases.items():
+        w = torch.randn(n, k, device="cuda", dtype=dtype) * k**-0.5
+        for rows in (1, 2, 5, 13, 16):
+            width = 2 * k if mode == "silu" else k
+            x = torch.randn(2, rows, width, device="cuda", dtype=dtype)[1]  # an offset view
+            kw: dict = {}
+            if mode.startswith("norm"):
+                kw = dict(norm=(torch.rand(k, device="cuda") + 0.5).to(dtype), eps=1e-5)
+            if mode in ("resid", "silu"):
+                kw["residual"] = torch.randn(rows, n, device="cuda", dtype=dtype)
+            if mode == "silu":
+                kw["silu_mul"] = True
+            cfg = sk.SkinnyConfig(16 if dot else 4, 64 if dot else 128, 4, dot,
+                                  pdl=cuda_kernels.pdl_supported())  # fmt: skip
+            y = torch.empty(rows, n, device="cuda", dtype=dtype)
+            sk.launch(x, w, y, cfg, kw.get("norm"), kw.get("residual"), kw.get("eps", 1e-6),
+                      kw.get("silu_mul", False))  # fmt: skip
+            ref = _fused_reference(x, w, kw)
+            tol = 2e-5 if dtype == torch.float32 else 2e-2
+            assert max_rel(y, ref) < tol, (mode, rows)
+            if rows > 1 or kw:  # the public op, its own launch shape
+                assert max_rel(sk.skinny(x, w, **kw), ref) < tol, (mode, rows)
+
+
+@pytest.fixture(scope="module")
+def fused_runner():
+    """A CUDA-path runner over the ``runners`` model whose every layer at 1..16 rows takes the
+    fused skinny form (the table ``FUSED_CONFIGS`` would list every bucket)."""
+    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.model import ModelArgs, Transformer
+    from mathagent.serving.engine.model_runner import ModelRunner
+
+    torch.manual_seed(0)
+    shape = dict(RANDOM_SHAPES["smollm2-135m"], vocab_size=4096, num_hidden_layers=2)
+    model = Transformer(ModelArgs.from_hf_config(shape)).to("cuda").eval()
+    for p in model.parameters():
+        p.data.normal_(0.0, 0.08)
+    common = dict(model=None, device=torch.device("cuda"), dtype=torch.float32, max_batch_size=4,
+                  max_seq_len=256, speculative="none", draft_len=4, draft_beams=1, threads=None)  # fmt: skip
+    eager = ModelRunner(model, EngineConfig(eager=True, **common))
+    fast = ModelRunner(model, EngineConfig(eager=False, **common))
+    forward = fast.graphs.forward
+    every = frozenset(
+        (n, k, b) for n, k in product_shapes("smollm2-135m")[:4] for b in (1, 2, 4, 8, 16)
+    )
+    forward.shape = dataclasses.replace(forward.shape, fused_rows=every)  # before any capture
+    return eager, fast
+
+
+def test_fused_layers_decode_and_verify_as_the_eager_model(fused_runner):
+    """Float32: one-row steps through the fused form decode the eager model's greedy tokens,
+    and verify steps of 4 and 13 tokens through it accept exactly that output."""
+    eager, fast = fused_runner
+    dev = fast.device
+    prompt = torch.randint(0, 4096, (16,), generator=torch.Generator().manual_seed(5)).tolist()
+
+    def forward(runner, tokens, start):
+        pos = (start + torch.arange(len(tokens), device=dev))[None]
+        return runner.forward(torch.tensor([tokens], device=dev), pos, [1])[0][0]
+
+    def greedy(runner):
+        out = [int(forward(runner, prompt, 0)[-1].argmax())]
+        for i in range(29):
+            out.append(int(forward(runner, [out[-1]], len(prompt) + i)[-1].argmax()))
+        return out
+
+    plain = greedy(fast)
+    assert plain == greedy(eager)
+    for width in (3, 12):  # drafts per verify step: 4 and 13 rows
+        out = [plain[0]]
+        while len(out) < len(plain):
+            i = len(out) - 1
+            draft = (plain[i + 1 : i + 1 + width] + [0] * width)[:width]
+            draft[len(out) % width] = (draft[len(out) % width] + 1) % 4096
+            target = forward(fast, [out[-1], *draft], len(prompt) + i).argmax(-1).tolist()
+            taken = 0
+            while taken < width and draft[taken] == target[taken]:
+                taken += 1
+            out += target[: taken + 1]
+        assert out[: len(plain)] == plain, width
