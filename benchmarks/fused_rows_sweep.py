@@ -5,8 +5,8 @@ A model whose widths the one-row GEMV does not take (the default model: K = 576 
 each layer's four products through cuBLAS or the plain skinny kernel with Inductor's RMSNorm,
 SiLU-product and residual-add kernels around them; the fused kernel (``cuda/skinny.py``) folds
 those into the products, as the one-row GEMV does for the 8B shapes. For every product of a
-layer (qkv with its norm, wo with its residual, w13 with its norm, w2 with the SiLU product and
-residual), row count and dtype the sweep times every candidate launch shape over distinct weight
+layer (qkv with its norm, wo with its residual, w13 with its norm and silu(gate) * up in its
+epilogue, w2 with its residual), row count and dtype the sweep times every candidate launch shape over distinct weight
 copies cold in L2 in one CUDA graph and picks per row bucket the fastest; then it times a whole
 model's layers of products both ways (the unfused form compiled as ``forward.layer_step``
 compiles it, attention left out) and prints ``FUSED_CONFIGS`` lines for the buckets where the
@@ -68,32 +68,31 @@ def candidates(k: int, mp_rows: int, dtype: str) -> list[SkinnyConfig]:
 
 def fused_args(name: str, rows: int, n: int, k: int, dtype: torch.dtype) -> tuple:
     """The product's input and its fused keyword arguments (as ``layer_step`` passes them)."""
-    if name == "w2":
-        return torch.randn(rows, 2 * k, device="cuda", dtype=dtype), dict(
-            residual=torch.randn(rows, n, device="cuda", dtype=dtype), silu_mul=True
-        )
-    if name == "wo":
+    if name in ("w2", "wo"):
         return torch.randn(rows, k, device="cuda", dtype=dtype), dict(
             residual=torch.randn(rows, n, device="cuda", dtype=dtype)
         )
     norm = (torch.rand(k, device="cuda") + 0.5).to(dtype)
-    return torch.randn(rows, k, device="cuda", dtype=dtype), dict(norm=norm, eps=EPS)
+    glu = {"glu": True} if name == "w13" else {}  # silu(gate) * up in the epilogue
+    return torch.randn(rows, k, device="cuda", dtype=dtype), dict(norm=norm, eps=EPS, **glu)
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, kw: dict) -> torch.Tensor:
     """The eager model's rounding: f(x) in the model dtype, the product, then the residual."""
     if "norm" in kw:
         x = forward.rms_norm(x, kw["norm"], kw["eps"])
-    if kw.get("silu_mul"):
-        x = F.silu(x[:, : w.shape[1]]) * x[:, w.shape[1] :]
     y = F.linear(x.double(), w.double()).to(x.dtype)
+    if kw.get("glu"):
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
     return y + kw["residual"] if "residual" in kw else y
 
 
 def launch(x: torch.Tensor, w: torch.Tensor, kw: dict, cfg: SkinnyConfig) -> torch.Tensor:
-    y = torch.empty(x.shape[0], w.shape[0], device="cuda", dtype=x.dtype)
+    n = w.shape[0] // 2 if kw.get("glu") else w.shape[0]
+    y = torch.empty(x.shape[0], n, device="cuda", dtype=x.dtype)
     sk.launch(x, w, y, cfg, kw.get("norm"), kw.get("residual"), kw.get("eps", EPS),
-              kw.get("silu_mul", False))  # fmt: skip
+              kw.get("silu_mul", False), kw.get("glu", False))  # fmt: skip
     return y
 
 
@@ -175,8 +174,8 @@ def layers_us(model: str, dtype: str, rows: int, table: dict) -> dict:
     def fused(h, w):
         qkv = launch(h, w["qkv"], dict(norm=norms[0], eps=EPS), cfgs["qkv"])
         h = launch(qkv[:, :width], w["wo"], dict(residual=h), cfgs["wo"])
-        gate_up = launch(h, w["w13"], dict(norm=norms[1], eps=EPS), cfgs["w13"])
-        return launch(gate_up, w["w2"], dict(residual=h, silu_mul=True), cfgs["w2"])
+        act = launch(h, w["w13"], dict(norm=norms[1], eps=EPS, glu=True), cfgs["w13"])
+        return launch(act, w["w2"], dict(residual=h), cfgs["w2"])
 
     step = torch.compile(unfused, fullgraph=True, dynamic=False)
     res = {}

@@ -32,6 +32,7 @@ from gpu_common import (
     build_hf_model,
     copy_bandwidth,
     hf_generate_tok_s,
+    load_fused_table,
     roofline,
     steady_tok_s,
 )
@@ -275,13 +276,7 @@ def main() -> None:
     DRAFT_LEN = args.draft_len
     gpu_spec.AUTO_WARM_PASSES = args.auto_warm_passes
     if args.fused_table:
-        from mathagent.serving.engine.cuda import skinny
-
-        with open(args.fused_table) as f:
-            entries = json.load(f)
-        skinny.FUSED_CONFIGS.clear()
-        for n, k, size, rows, *cfg in entries:
-            skinny.FUSED_CONFIGS[n, k, size, rows] = skinny.SkinnyConfig(*cfg)
+        load_fused_table(args.fused_table)
     if args.fp8_unfused_rows:
         from mathagent.serving.engine.cuda import fp8_gemv
 

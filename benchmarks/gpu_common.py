@@ -114,3 +114,17 @@ def steady_tok_s(engine: object, prompts: list[list[int]], max_tokens: int) -> d
     wall = time.perf_counter() - t_start
     return {"requests": n, "tokens": tokens, "wall_tok_s": tokens / wall,
             "steady_tok_s": steady_tokens / max(steady_s, 1e-9), "steady_steps_s": steady_s}  # fmt: skip
+
+
+def load_fused_table(path: str) -> None:
+    """Replace ``cuda/skinny.py``'s ``FUSED_CONFIGS`` with the table ``fused_rows_sweep.py
+    --table-out`` wrote (``[]``: no layer takes the fused form)."""
+    import json
+
+    from mathagent.serving.engine.cuda import skinny
+
+    with open(path) as f:
+        entries = json.load(f)
+    skinny.FUSED_CONFIGS.clear()
+    for n, k, size, rows, *cfg in entries:
+        skinny.FUSED_CONFIGS[n, k, size, rows] = skinny.SkinnyConfig(*cfg)

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from gpu_common import load_fused_table
 
 from mathagent.config import EngineSettings, Settings
 from mathagent.serving.engine.config import EngineConfig
@@ -62,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-fused-rows", action="store_true",
                        help="no layer takes the fused skinny form (cuda/skinny.py FUSED_CONFIGS "
                             "emptied): the path before run 59, for an A/B in one run")  # fmt: skip
+    group.add_argument("--fused-table", help="fused_rows_sweep.py --table-out JSON: these "
+                       "launch shapes replace cuda/skinny.py FUSED_CONFIGS")  # fmt: skip
 
 
 def agent_prompts(engine: LLMEngine, path: Path, limit: int) -> list[str]:
@@ -98,6 +101,8 @@ def run(args: argparse.Namespace) -> dict:
     """Time none / ngram / redrafter (and eagle3) on the default model; the section's JSON."""
     if not (args.drafter and args.prompts):
         raise SystemExit("--default-model needs --drafter DIR and --prompts JSONL")
+    if getattr(args, "fused_table", None):
+        load_fused_table(args.fused_table)
     if getattr(args, "no_fused_rows", False):
         from mathagent.serving.engine.cuda import skinny
 

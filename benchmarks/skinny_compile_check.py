@@ -36,17 +36,18 @@ SPECS = (("smollm2-135m:float32", sweep.ROWS), ("smollm2-135m:bfloat16", sweep.R
 
 
 def compile_one(
-    dtype: str, k: int, mp: int, cfg: sk.SkinnyConfig, pro: int = 0, resid: bool = False
-) -> dict:
+    dtype: str, k: int, mp: int, cfg: sk.SkinnyConfig, pro: int = 0, resid: bool = False,
+    glu: bool = False,
+) -> dict:  # fmt: skip
     """Registers, spilled bytes and seconds of one kernel compiled for sm_90a (``pro`` /
-    ``resid``: the fused form's prologue and residual epilogue)."""
+    ``resid`` / ``glu``: the fused form's prologue and epilogues)."""
     ty = TYPES[dtype]
     sig = {"x_ptr": f"*{ty}", "w_ptr": f"*{ty}", "y_ptr": f"*{ty}", "g_ptr": f"*{ty}",
            "r_ptr": f"*{ty}", "M": "i32", "N": "i32", "stride_xm": "i32", "stride_wn": "i32",
            "eps": "fp32"}  # fmt: skip
     const = dict(K=k, MP=mp, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot,
-                 IEEE=ty == "fp32", UNROLL=sk.unrolled(k, mp, cfg), EVICT=cfg.evict, PDL=True,
-                 PRO=pro, RESID=resid)  # fmt: skip
+                 IEEE=ty == "fp32", UNROLL=sk.unrolled(k, mp, cfg) or glu, EVICT=cfg.evict, PDL=True,
+                 PRO=pro, RESID=resid, GLU=glu)  # fmt: skip
     sig.update(dict.fromkeys(const, "constexpr"))
     start = time.time()
     src = ASTSource(sk._skinny_kernel, sig, const)

@@ -19,13 +19,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mathagent.serving.engine.cuda import attention, fp8, fp8_gemv, kernels
+from mathagent.serving.engine.cuda import attention, kernels
 from mathagent.serving.engine.cuda import skinny as skinny_kernel
+from mathagent.serving.engine.cuda.products import (
+    fused_ok,
+    gemv,
+    linear,
+    on_skinny,
+    product_weight,
+)
 from mathagent.serving.engine.model import Transformer
-from mathagent.serving.engine.quant import Fp8Linear
-
-# A layer's product weight: a tensor, or (e4m3 codes, scales per row) of an FP8 linear.
-Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass
@@ -71,75 +74,6 @@ class StepInputs:
         )
 
 
-def linear(
-    x: torch.Tensor,
-    weight: Weight,
-    fast: frozenset[tuple[int, int]],
-    bias: torch.Tensor | None = None,
-    skinny: frozenset[tuple[int, int, int]] = frozenset(),
-) -> torch.Tensor:
-    """``F.linear``, through the Triton GEMV for one row when ``fast`` holds the weight's shape,
-    through the Triton skinny product for 2..16 rows when ``skinny`` holds (N, K, row bucket);
-    an FP8 weight goes to its GEMV at one row, to the FP8 tensor cores at more."""
-    if isinstance(weight, tuple):
-        one_row = x.numel() == x.shape[-1] and gemv_ok(weight, fast)
-        y = fp8_gemv.gemv(x, *weight) if one_row else fp8.linear(x, *weight)
-        return y if bias is None else y + bias
-    rows = x.numel() // x.shape[-1]
-    rows_bucket = skinny_kernel.bucket(rows)  # 0 outside 2..16 rows
-    if rows == 1 and tuple(weight.shape) in fast:
-        y = kernels.gemv(x, weight)
-    elif rows_bucket and (*weight.shape, rows_bucket) in skinny:
-        y = skinny_kernel.skinny(x, weight)
-    else:
-        return F.linear(x, weight, bias)
-    return y if bias is None else y + bias
-
-
-def gemv_ok(weight: Weight, fast: frozenset[tuple[int, int]]) -> bool:
-    """Whether one-row products with ``weight`` take a Triton GEMV (bf16 measured, fp8 fits)."""
-    if isinstance(weight, tuple):
-        return fp8_gemv.gemv_fits(weight[0])
-    return tuple(weight.shape) in fast
-
-
-def fused_ok(
-    weight: Weight,
-    fast: frozenset[tuple[int, int]],
-    rows: int,
-    fused_rows: frozenset[tuple[int, int, int]] = frozenset(),
-) -> bool:
-    """Whether a ``rows``-row product with ``weight`` takes :func:`gemv`: one row through a
-    Triton GEMV, FP8 verify rows through :func:`fp8_gemv.gemv`'s rows kernel, or 1..16 rows
-    through the fused skinny kernel where ``fused_rows`` holds (N, K, fused row bucket)."""
-    if isinstance(weight, tuple):
-        return gemv_ok(weight, fast) if rows == 1 else fp8_gemv.rows_fit(weight[0], rows)
-    if rows == 1 and gemv_ok(weight, fast):
-        return True
-    return (
-        rows <= skinny_kernel.MAX_ROWS
-        and (*weight.shape, skinny_kernel.fused_bucket(rows)) in fused_rows
-    )
-
-
-def gemv(
-    x: torch.Tensor, weight: Weight, fast: frozenset[tuple[int, int]], **fused
-) -> torch.Tensor:
-    """The fused product for ``weight``'s kind (one row, FP8 verify rows, or the fused skinny
-    kernel's rows: :func:`fused_ok`), with the prologue/epilogue in ``fused``."""
-    if isinstance(weight, tuple):
-        return fp8_gemv.gemv(x, *weight, **fused)
-    if x.numel() == x.shape[-1] and tuple(weight.shape) in fast:
-        return kernels.gemv(x, weight, **fused)
-    return skinny_kernel.skinny(x, weight, **fused)
-
-
-def _product_weight(linear_module: torch.nn.Module) -> Weight:
-    if isinstance(linear_module, Fp8Linear):
-        return linear_module.weight, linear_module.weight_scale
-    return linear_module.weight
-
-
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm with the eager model's rounding order (float32 statistics, cast, then scale)."""
     xf = x.float()
@@ -171,9 +105,9 @@ def layer_weights(block: torch.nn.Module) -> tuple[torch.Tensor | None, ...]:
     attn, ffn = block.attention, block.feed_forward
     q_norm = None if attn.q_norm is None else attn.q_norm.weight
     k_norm = None if attn.k_norm is None else attn.k_norm.weight
-    return (block.attention_norm.weight, _product_weight(attn.wqkv), attn.wqkv.bias, q_norm,
-            k_norm, _product_weight(attn.wo), block.ffn_norm.weight, _product_weight(ffn.w13),
-            _product_weight(ffn.w2))  # fmt: skip
+    return (block.attention_norm.weight, product_weight(attn.wqkv), attn.wqkv.bias, q_norm,
+            k_norm, product_weight(attn.wo), block.ffn_norm.weight, product_weight(ffn.w13),
+            product_weight(ffn.w2))  # fmt: skip
 
 
 def layer_step(
@@ -219,6 +153,9 @@ def layer_step(
     o = o.reshape(bsz, width, nh * hd)
     if fused:
         h = gemv(o, wo, shape.fast, residual=h)
+        if on_skinny(w13, bsz * width, shape.fast):  # silu(gate) * up in w13's epilogue
+            act = skinny_kernel.skinny(h, w13, norm=ln2, eps=eps, glu=True)
+            return skinny_kernel.skinny(act, w2, residual=h), None
         gate_up = gemv(h, w13, shape.fast, norm=ln2, eps=eps)
         return gemv(gate_up, w2, shape.fast, residual=h, silu_mul=True), None
     h = h + linear(o, wo, shape.fast, skinny=shape.skinny)

@@ -14,16 +14,17 @@ The fused form takes the one-row GEMV's prologue and epilogue (RMSNorm or SiLU p
 input, residual add of the output) for 1..16 rows, so a layer of a model whose widths the
 one-row GEMV does not take (the default model's K = 576 and 1536) runs four kernels and its
 attention instead of Inductor's norm, SiLU and add kernels around four products: on a small
-model the step is bound by the number of kernels, not by bytes.
+model the step is bound by the number of kernels, not by bytes. The launch shapes are in
+``skinny_tables.py``; the kernel and its launch helpers stay one file because the helpers pick
+the kernel's compile-time forms.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from mathagent.serving.engine.cuda import kernels
+from mathagent.serving.engine.cuda.skinny_tables import FUSED_CONFIGS, SKINNY_CONFIGS, SkinnyConfig
 
 try:
     import triton
@@ -99,12 +100,18 @@ if triton is not None:
                        K: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
                        UNROLL: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
-                       PRO: tl.constexpr, RESID: tl.constexpr):  # fmt: skip
-        # y[M, N] = f(x)[M, K] @ w[N, K]^T (+ r[M, N]); MP: rows padded (16 for tl.dot, a
-        # power of two else). f: the prologue of _input (PRO). IEEE: float32 operands,
-        # multiplied in full precision by tl.dot (no TF32). UNROLL: the K loop is unrolled (a
-        # partial last tile allowed), else a loop over K // BLOCK_K >= 2 whole tiles.
-        # RESID: the residual add of the eager model (product rounded, then added).
+                       PRO: tl.constexpr, RESID: tl.constexpr, GLU: tl.constexpr):  # fmt: skip
+        """y[M, N] = f(x)[M, K] @ w[N, K]^T (+ r[M, N]); one kernel for every form because the
+        forms share the tile walk and its PDL placement, and each is a compile-time flag.
+
+        MP: rows padded (16 for tl.dot, a power of two else). f: the prologue of _input (PRO).
+        IEEE: float32 operands, multiplied in full precision by tl.dot (no TF32). UNROLL: the K
+        loop is unrolled (a partial last tile allowed), else a loop over K // BLOCK_K >= 2
+        whole tiles. RESID: the residual add of the eager model (product rounded, then added).
+        GLU (unrolled only): w is [2N, K] (gate rows, then up rows); each program also streams
+        the up rows of its columns and writes silu(gate) * up, so the next product reads a
+        plain row (its own SiLU prologue cost a 16-row step more than the product).
+        """
         rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         rm = tl.arange(0, MP)
         rk = tl.arange(0, BLOCK_K)
@@ -114,6 +121,10 @@ if triton is not None:
         # Weights never change: the first tile is requested before waiting on the kernel
         # before (programmatic dependent launch), as the one-row GEMV does.
         w = _tile(w_ptrs, n_ok, rk, 0, K, BLOCK_K, EVICT)
+        u_ptrs = w_ptrs + N * stride_wn  # GLU's up rows
+        wu = w
+        if GLU:
+            wu = _tile(u_ptrs, n_ok, rk, 0, K, BLOCK_K, EVICT)
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -124,13 +135,20 @@ if triton is not None:
             acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
         else:  # elementwise partial sums; one reduction over K at the end
             acc = tl.zeros((MP, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc_u = acc
         x = _input(x_ptrs, g_ptr, m_ok, rk, 0, K, BLOCK_K, rstd, PRO, BLOCK_K > K)
         acc = _accumulate(acc, x, w, DOT, IEEE)
+        if GLU:
+            acc_u = _accumulate(acc_u, x, wu, DOT, IEEE)
         if UNROLL:
             for k0 in tl.static_range(BLOCK_K, K, BLOCK_K):
                 w = _tile(w_ptrs, n_ok, rk, k0, K, BLOCK_K, EVICT)
+                if GLU:
+                    wu = _tile(u_ptrs, n_ok, rk, k0, K, BLOCK_K, EVICT)
                 x = _input(x_ptrs, g_ptr, m_ok, rk, k0, K, BLOCK_K, rstd, PRO, k0 + BLOCK_K > K)
                 acc = _accumulate(acc, x, w, DOT, IEEE)
+                if GLU:
+                    acc_u = _accumulate(acc_u, x, wu, DOT, IEEE)
         else:  # each step requests the next tile before it multiplies (one tile ahead)
             w = tl.load(w_ptrs + BLOCK_K, mask=n_ok, other=0.0, eviction_policy=EVICT)
             x = _input(x_ptrs, g_ptr, m_ok, rk, BLOCK_K, K, BLOCK_K, rstd, PRO, False)
@@ -140,104 +158,23 @@ if triton is not None:
                 acc = _accumulate(acc, x, w, DOT, IEEE)
                 w, x = w_next, x_next
             acc = _accumulate(acc, x, w, DOT, IEEE)
-        if DOT:  # noqa: SIM108 (a compile-time branch, spelled as Triton kernels spell them)
+        if DOT:
             y = acc
+            yu = acc_u
         else:
             y = tl.sum(acc, axis=2)
+            yu = tl.sum(acc_u, axis=2)
         out_ok = m_ok & (rn[None, :] < N)
         y = y.to(y_ptr.dtype.element_ty)
+        if GLU:  # the eager rounding: gate and up rounded, silu(gate) rounded, the product
+            gate = y.to(tl.float32)
+            up = yu.to(y_ptr.dtype.element_ty).to(tl.float32)
+            silu = (gate * tl.sigmoid(gate)).to(y_ptr.dtype.element_ty).to(tl.float32)
+            y = (silu * up).to(y_ptr.dtype.element_ty)
         if RESID:
             r = tl.load(r_ptr + rm[:, None] * N + rn[None, :], mask=out_ok, other=0.0)
             y = (y.to(tl.float32) + r.to(tl.float32)).to(y_ptr.dtype.element_ty)
         tl.store(y_ptr + rm[:, None] * N + rn[None, :], y, mask=out_ok)
-
-
-@dataclass(frozen=True)
-class SkinnyConfig:
-    """Launch shape of :func:`skinny` for one weight shape and row bucket."""
-
-    block_n: int  # output columns per program
-    block_k: int  # reduction columns per unrolled step
-    num_warps: int
-    dot: bool  # tl.dot over rows padded to 16, else broadcast FMAs over a power of two
-    evict: str = "evict_first"  # weights are read once per step: keep L2 for activations
-    pdl: bool = True  # programmatic dependent launch: overlap the previous kernel's tail
-
-
-# From benchmarks/skinny_sweep.py on one H200 (weights cold in L2, one graph per shape): per
-# (N, K, bytes per weight value, row bucket) the fastest launch shape, listed only where it beat
-# cuBLAS. The table is also the dispatch rule (skinny_buckets): measured once by the sweep
-# rather than timed at every engine start, so start-up compiles nothing extra and a float32
-# model's products take the same kernels (the same rounding) on every run. Measured in run 24
-# (`skinny_sweep.py --models smollm2-135m:float32 smollm2-135m:bfloat16`,
-# benchmarks/skinny_sweep_h200.json): the default model's shapes, microseconds against cuBLAS.
-SKINNY_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {
-    (960, 576, 4, 2): SkinnyConfig(2, 512, 4, False),  # 3.7 vs 5.0 us
-    (960, 576, 4, 4): SkinnyConfig(4, 512, 4, False),  # 4.2 vs 6.5 us
-    (960, 576, 4, 8): SkinnyConfig(2, 512, 4, False),  # 4.2 vs 6.9 us
-    (960, 576, 4, 16): SkinnyConfig(2, 256, 4, False),  # 6.2 vs 11.3 us
-    (576, 576, 4, 2): SkinnyConfig(8, 256, 4, False),  # 2.9 vs 10.0 us
-    (576, 576, 4, 4): SkinnyConfig(4, 512, 4, False),  # 4.0 vs 10.0 us
-    (576, 576, 4, 8): SkinnyConfig(2, 512, 4, False),  # 4.1 vs 9.1 us
-    (576, 576, 4, 16): SkinnyConfig(2, 256, 4, False),  # 6.1 vs 10.1 us
-    (3072, 576, 4, 2): SkinnyConfig(8, 512, 4, False),  # 4.6 vs 6.0 us
-    (3072, 576, 4, 4): SkinnyConfig(8, 256, 4, False),  # 5.9 vs 7.4 us
-    (3072, 576, 4, 8): SkinnyConfig(16, 64, 4, False),  # 6.5 vs 7.8 us
-    (3072, 576, 4, 16): SkinnyConfig(8, 64, 4, False),  # 10.1 vs 12.4 us
-    (576, 1536, 4, 2): SkinnyConfig(4, 512, 4, False),  # 3.8 vs 15.0 us
-    (576, 1536, 4, 4): SkinnyConfig(4, 512, 4, False),  # 4.1 vs 12.5 us
-    (576, 1536, 4, 8): SkinnyConfig(2, 512, 4, False),  # 4.4 vs 14.2 us
-    (576, 1536, 4, 16): SkinnyConfig(2, 128, 4, False),  # 9.5 vs 13.6 us
-    (49152, 576, 4, 2): SkinnyConfig(16, 64, 4, False),  # 35.3 vs 38.4 us
-    (49152, 576, 4, 4): SkinnyConfig(16, 64, 4, False),  # 42.4 vs 53.2 us
-    (49152, 576, 4, 8): SkinnyConfig(16, 32, 4, False),  # 52.3 vs 56.1 us
-    (960, 576, 2, 2): SkinnyConfig(4, 256, 4, False),  # 2.7 vs 4.1 us
-    (960, 576, 2, 4): SkinnyConfig(4, 256, 4, False),  # 3.7 vs 3.9 us
-    (576, 576, 2, 2): SkinnyConfig(4, 512, 4, False),  # 2.3 vs 3.5 us
-    (576, 576, 2, 4): SkinnyConfig(8, 256, 4, False),  # 3.1 vs 3.6 us
-    (3072, 576, 2, 2): SkinnyConfig(2, 512, 4, False),  # 3.7 vs 4.1 us
-    (576, 1536, 2, 2): SkinnyConfig(8, 512, 4, False),  # 3.1 vs 5.2 us
-    (576, 1536, 2, 4): SkinnyConfig(2, 512, 4, False),  # 3.6 vs 5.2 us
-    (576, 1536, 2, 8): SkinnyConfig(2, 512, 4, False),  # 4.7 vs 5.1 us
-}  # fmt: skip
-
-# Launch shapes of the fused form (norm / SiLU prologue, residual epilogue) per (N, K, bytes per
-# weight value, fused_bucket), listed where a layer's four fused products measured faster than
-# the unfused layer (cuBLAS or skinny products with Inductor's norm, SiLU and add kernels
-# around them): benchmarks/fused_rows_sweep.py. A layer takes the fused form only when all four
-# of its products are listed for the step's row bucket (forward.layer_step).
-# Measured in run 59 (`fused_rows_sweep.py --models smollm2-135m:bfloat16` and `:float32`,
-# benchmarks/fused_rows_sweep_h200_run59_*.json), the default model's layers (attention left
-# out), us per layer unfused -> fused: bf16 1 row 23.8 -> 12.9, 2 rows 17.0 -> 13.4 (4, 7 and 13
-# rows lost: 0.79-0.92x, cuBLAS's bf16 tensor-core tiles and its split K beat 36-program tiles
-# walking K = 1536 with the SiLU product); float32 1 row 24.1 -> 16.0, 2 rows 19.1 -> 16.3,
-# 4 rows 20.8 -> 19.0, 7 rows 25.8 -> 24.6 (13 rows 0.92x).
-FUSED_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {
-    (960, 576, 2, 1): SkinnyConfig(4, 512, 4, False),
-    (576, 576, 2, 1): SkinnyConfig(4, 512, 4, False),
-    (3072, 576, 2, 1): SkinnyConfig(2, 512, 4, False),
-    (576, 1536, 2, 1): SkinnyConfig(8, 512, 4, False),
-    (960, 576, 2, 2): SkinnyConfig(4, 512, 4, False),
-    (576, 576, 2, 2): SkinnyConfig(4, 512, 4, False),
-    (3072, 576, 2, 2): SkinnyConfig(2, 512, 4, False),
-    (576, 1536, 2, 2): SkinnyConfig(8, 512, 4, False),
-    (960, 576, 4, 1): SkinnyConfig(4, 256, 4, False),
-    (576, 576, 4, 1): SkinnyConfig(4, 256, 4, False),
-    (3072, 576, 4, 1): SkinnyConfig(8, 512, 4, False),
-    (576, 1536, 4, 1): SkinnyConfig(8, 512, 4, False),
-    (960, 576, 4, 2): SkinnyConfig(4, 256, 4, False),
-    (576, 576, 4, 2): SkinnyConfig(4, 256, 4, False),
-    (3072, 576, 4, 2): SkinnyConfig(8, 512, 4, False),
-    (576, 1536, 4, 2): SkinnyConfig(8, 512, 4, False),
-    (960, 576, 4, 4): SkinnyConfig(2, 512, 8, False),
-    (576, 576, 4, 4): SkinnyConfig(2, 256, 4, False),
-    (3072, 576, 4, 4): SkinnyConfig(4, 256, 4, False),
-    (576, 1536, 4, 4): SkinnyConfig(4, 512, 4, False),
-    (960, 576, 4, 8): SkinnyConfig(2, 128, 8, False),
-    (576, 576, 4, 8): SkinnyConfig(2, 512, 4, False),
-    (3072, 576, 4, 8): SkinnyConfig(16, 64, 4, False),
-    (576, 1536, 4, 8): SkinnyConfig(4, 512, 8, False),
-}  # fmt: skip
 
 
 def bucket(rows: int) -> int:
@@ -290,18 +227,21 @@ def launch(
     residual: torch.Tensor | None = None,
     eps: float = 1e-6,
     silu_mul: bool = False,
+    glu: bool = False,
 ) -> None:
     """Run the kernel on ``x2 [M, K]`` (``[M, 2K]`` with ``silu_mul``; last stride 1) into
-    ``y [M, N]`` (contiguous), ``residual [M, N]`` contiguous."""
+    ``y [M, N]`` (``N`` = half the weight's rows with ``glu``; contiguous), ``residual [M, N]``
+    contiguous."""
     m, (n, k) = x2.shape[0], weight.shape
+    n = n // 2 if glu else n
     mp = MAX_ROWS if cfg.dot else max(2, bucket(m) or 2)
-    unroll = unrolled(k, mp, cfg)
+    unroll = unrolled(k, mp, cfg) or glu
     _skinny_kernel[(triton.cdiv(n, cfg.block_n),)](
         x2, weight, y, x2 if norm is None else norm, y if residual is None else residual,
         m, n, x2.stride(0), weight.stride(0), eps, K=k, MP=mp, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, DOT=cfg.dot, IEEE=x2.dtype == torch.float32, UNROLL=unroll,
         EVICT=cfg.evict, PDL=cfg.pdl, PRO=1 if norm is not None else 2 if silu_mul else 0,
-        RESID=residual is not None, num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
+        RESID=residual is not None, GLU=glu, num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
     )  # fmt: skip
 
 
@@ -313,31 +253,35 @@ def skinny(
     residual: torch.Tensor | None = None,
     eps: float = 1e-6,
     silu_mul: bool = False,
+    glu: bool = False,
 ) -> torch.Tensor:
     """``f(x) @ weight[N, K].T (+ residual)`` for 1..16 rows of ``x [..., K]``; bandwidth-bound.
 
     ``f`` as in :func:`kernels.gemv`: the identity, ``RMSNorm(x) * norm``, or
-    ``silu(x[..., :K]) * x[..., K:]`` when ``silu_mul``. With any of them (or ``residual``) the
-    launch shape is the fused table's (:data:`FUSED_CONFIGS`), else :data:`SKINNY_CONFIGS`'.
+    ``silu(x[..., :K]) * x[..., K:]`` when ``silu_mul``. ``glu``: ``weight`` holds gate rows then
+    up rows, and the result is ``silu(gate) * up`` (``N / 2`` columns). With any of these (or
+    ``residual``) the launch shape is the fused table's (:data:`FUSED_CONFIGS`), else
+    :data:`SKINNY_CONFIGS`'.
     """
     n, k = weight.shape
     x2 = x.reshape(-1, x.shape[-1])
     rows = x2.shape[0]
-    fused = norm is not None or residual is not None or silu_mul
+    fused = norm is not None or residual is not None or silu_mul or glu
     if not 1 <= rows <= MAX_ROWS or (rows == 1 and not fused):
         raise ValueError(f"skinny takes {1 if fused else 2}..{MAX_ROWS} rows, got {rows}")
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
+    cfg = skinny_config(n, k, weight.element_size(), rows, fused)
+    n = n // 2 if glu else n
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     r = None if residual is None else residual.reshape(rows, n).contiguous()
-    cfg = skinny_config(n, k, weight.element_size(), rows, fused)
-    launch(x2, weight, y, cfg, norm, r, eps, silu_mul)
+    launch(x2, weight, y, cfg, norm, r, eps, silu_mul, glu)
     return y.view(*x.shape[:-1], n)
 
 
 @skinny.register_fake
-def _(x, weight, norm=None, residual=None, eps=1e-6, silu_mul=False):
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
+def _(x, weight, norm=None, residual=None, eps=1e-6, silu_mul=False, glu=False):
+    return x.new_empty(*x.shape[:-1], weight.shape[0] // 2 if glu else weight.shape[0])
 
 
 def fused_bucket(rows: int) -> int:

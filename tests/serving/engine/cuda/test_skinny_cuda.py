@@ -157,36 +157,43 @@ def _fused_reference(x, w, kw):
     if kw.get("silu_mul"):
         x = F.silu(x[..., : w.shape[1]]) * x[..., w.shape[1] :]
     y = F.linear(x, w)
+    if kw.get("glu"):
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
     return y + kw["residual"] if "residual" in kw else y
 
 
 @pytest.mark.parametrize("dot", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_form_computes_the_layer_ops(dot, dtype):
-    """Norm / SiLU prologue and residual epilogue at 1..16 rows, each launch form, equal the
-    eager ops within float32 summation order (float32) or one rounding (bf16)."""
+    """Norm / SiLU prologue, residual epilogue and silu(gate) * up epilogue (glu) at 1..16
+    rows, each launch form, equal the eager ops within float32 summation order (float32) or
+    one rounding (bf16)."""
     from mathagent.serving.engine.cuda import skinny as sk
 
     torch.manual_seed(2)
     qkv, wo, w13, w2 = product_shapes("smollm2-135m")[:4]
-    cases = {"norm": qkv, "resid": wo, "norm13": w13, "silu": w2}
+    cases = {"norm": qkv, "resid": wo, "norm13": w13, "silu": w2, "glu": w13, "plain2": w2}
     for mode, (n, k) in cases.items():
         w = torch.randn(n, k, device="cuda", dtype=dtype) * k**-0.5
         for rows in (1, 2, 5, 13, 16):
             width = 2 * k if mode == "silu" else k
             x = torch.randn(2, rows, width, device="cuda", dtype=dtype)[1]  # an offset view
             kw: dict = {}
-            if mode.startswith("norm"):
+            if mode.startswith("norm") or mode == "glu":
                 kw = dict(norm=(torch.rand(k, device="cuda") + 0.5).to(dtype), eps=1e-5)
-            if mode in ("resid", "silu"):
-                kw["residual"] = torch.randn(rows, n, device="cuda", dtype=dtype)
+            out = n // 2 if mode == "glu" else n  # glu: silu(gate) * up, half the rows out
+            if mode == "glu":
+                kw["glu"] = True
+            if mode in ("resid", "silu", "plain2"):
+                kw["residual"] = torch.randn(rows, out, device="cuda", dtype=dtype)
             if mode == "silu":
                 kw["silu_mul"] = True
             cfg = sk.SkinnyConfig(16 if dot else 4, 64 if dot else 128, 4, dot,
                                   pdl=cuda_kernels.pdl_supported())  # fmt: skip
-            y = torch.empty(rows, n, device="cuda", dtype=dtype)
+            y = torch.empty(rows, out, device="cuda", dtype=dtype)
             sk.launch(x, w, y, cfg, kw.get("norm"), kw.get("residual"), kw.get("eps", 1e-6),
-                      kw.get("silu_mul", False))  # fmt: skip
+                      kw.get("silu_mul", False), kw.get("glu", False))  # fmt: skip
             ref = _fused_reference(x, w, kw)
             tol = 2e-5 if dtype == torch.float32 else 2e-2
             assert max_rel(y, ref) < tol, (mode, rows)

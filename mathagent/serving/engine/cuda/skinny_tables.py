@@ -1,0 +1,100 @@
+"""The skinny product's launch shapes, measured per weight shape and row bucket on the H200.
+
+The tables are also the dispatch rule: a shape and row bucket listed here takes the kernel of
+``skinny.py``; measured once by the sweeps (``benchmarks/skinny_sweep.py``,
+``benchmarks/fused_rows_sweep.py``) rather than timed at every engine start, so start-up
+compiles nothing extra and a float32 model's products take the same kernels (the same
+rounding) on every run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    """Launch shape of :func:`skinny` for one weight shape and row bucket."""
+
+    block_n: int  # output columns per program
+    block_k: int  # reduction columns per unrolled step
+    num_warps: int
+    dot: bool  # tl.dot over rows padded to 16, else broadcast FMAs over a power of two
+    evict: str = "evict_first"  # weights are read once per step: keep L2 for activations
+    pdl: bool = True  # programmatic dependent launch: overlap the previous kernel's tail
+
+
+# From benchmarks/skinny_sweep.py on one H200 (weights cold in L2, one graph per shape): per
+# (N, K, bytes per weight value, row bucket) the fastest launch shape, listed only where it beat
+# cuBLAS. The table is also the dispatch rule (skinny_buckets): measured once by the sweep
+# rather than timed at every engine start, so start-up compiles nothing extra and a float32
+# model's products take the same kernels (the same rounding) on every run. Measured in run 24
+# (`skinny_sweep.py --models smollm2-135m:float32 smollm2-135m:bfloat16`,
+# benchmarks/skinny_sweep_h200.json): the default model's shapes, microseconds against cuBLAS.
+SKINNY_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {
+    (960, 576, 4, 2): SkinnyConfig(2, 512, 4, False),  # 3.7 vs 5.0 us
+    (960, 576, 4, 4): SkinnyConfig(4, 512, 4, False),  # 4.2 vs 6.5 us
+    (960, 576, 4, 8): SkinnyConfig(2, 512, 4, False),  # 4.2 vs 6.9 us
+    (960, 576, 4, 16): SkinnyConfig(2, 256, 4, False),  # 6.2 vs 11.3 us
+    (576, 576, 4, 2): SkinnyConfig(8, 256, 4, False),  # 2.9 vs 10.0 us
+    (576, 576, 4, 4): SkinnyConfig(4, 512, 4, False),  # 4.0 vs 10.0 us
+    (576, 576, 4, 8): SkinnyConfig(2, 512, 4, False),  # 4.1 vs 9.1 us
+    (576, 576, 4, 16): SkinnyConfig(2, 256, 4, False),  # 6.1 vs 10.1 us
+    (3072, 576, 4, 2): SkinnyConfig(8, 512, 4, False),  # 4.6 vs 6.0 us
+    (3072, 576, 4, 4): SkinnyConfig(8, 256, 4, False),  # 5.9 vs 7.4 us
+    (3072, 576, 4, 8): SkinnyConfig(16, 64, 4, False),  # 6.5 vs 7.8 us
+    (3072, 576, 4, 16): SkinnyConfig(8, 64, 4, False),  # 10.1 vs 12.4 us
+    (576, 1536, 4, 2): SkinnyConfig(4, 512, 4, False),  # 3.8 vs 15.0 us
+    (576, 1536, 4, 4): SkinnyConfig(4, 512, 4, False),  # 4.1 vs 12.5 us
+    (576, 1536, 4, 8): SkinnyConfig(2, 512, 4, False),  # 4.4 vs 14.2 us
+    (576, 1536, 4, 16): SkinnyConfig(2, 128, 4, False),  # 9.5 vs 13.6 us
+    (49152, 576, 4, 2): SkinnyConfig(16, 64, 4, False),  # 35.3 vs 38.4 us
+    (49152, 576, 4, 4): SkinnyConfig(16, 64, 4, False),  # 42.4 vs 53.2 us
+    (49152, 576, 4, 8): SkinnyConfig(16, 32, 4, False),  # 52.3 vs 56.1 us
+    (960, 576, 2, 2): SkinnyConfig(4, 256, 4, False),  # 2.7 vs 4.1 us
+    (960, 576, 2, 4): SkinnyConfig(4, 256, 4, False),  # 3.7 vs 3.9 us
+    (576, 576, 2, 2): SkinnyConfig(4, 512, 4, False),  # 2.3 vs 3.5 us
+    (576, 576, 2, 4): SkinnyConfig(8, 256, 4, False),  # 3.1 vs 3.6 us
+    (3072, 576, 2, 2): SkinnyConfig(2, 512, 4, False),  # 3.7 vs 4.1 us
+    (576, 1536, 2, 2): SkinnyConfig(8, 512, 4, False),  # 3.1 vs 5.2 us
+    (576, 1536, 2, 4): SkinnyConfig(2, 512, 4, False),  # 3.6 vs 5.2 us
+    (576, 1536, 2, 8): SkinnyConfig(2, 512, 4, False),  # 4.7 vs 5.1 us
+}  # fmt: skip
+
+# Launch shapes of the fused form (norm / SiLU prologue, residual epilogue) per (N, K, bytes per
+# weight value, fused_bucket), listed where a layer's four fused products measured faster than
+# the unfused layer (cuBLAS or skinny products with Inductor's norm, SiLU and add kernels
+# around them): benchmarks/fused_rows_sweep.py. A layer takes the fused form only when all four
+# of its products are listed for the step's row bucket (forward.layer_step).
+# Measured in run 59 (`fused_rows_sweep.py --models smollm2-135m:bfloat16` and `:float32`,
+# benchmarks/fused_rows_sweep_h200_run59_*.json), the default model's layers (attention left
+# out), us per layer unfused -> fused: bf16 1 row 23.8 -> 12.9, 2 rows 17.0 -> 13.4 (4, 7 and 13
+# rows lost: 0.79-0.92x, cuBLAS's bf16 tensor-core tiles and its split K beat 36-program tiles
+# walking K = 1536 with the SiLU product); float32 1 row 24.1 -> 16.0, 2 rows 19.1 -> 16.3,
+# 4 rows 20.8 -> 19.0, 7 rows 25.8 -> 24.6 (13 rows 0.92x).
+FUSED_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {
+    (960, 576, 2, 1): SkinnyConfig(4, 512, 4, False),
+    (576, 576, 2, 1): SkinnyConfig(4, 512, 4, False),
+    (3072, 576, 2, 1): SkinnyConfig(2, 512, 4, False),
+    (576, 1536, 2, 1): SkinnyConfig(8, 512, 4, False),
+    (960, 576, 2, 2): SkinnyConfig(4, 512, 4, False),
+    (576, 576, 2, 2): SkinnyConfig(4, 512, 4, False),
+    (3072, 576, 2, 2): SkinnyConfig(2, 512, 4, False),
+    (576, 1536, 2, 2): SkinnyConfig(8, 512, 4, False),
+    (960, 576, 4, 1): SkinnyConfig(4, 256, 4, False),
+    (576, 576, 4, 1): SkinnyConfig(4, 256, 4, False),
+    (3072, 576, 4, 1): SkinnyConfig(8, 512, 4, False),
+    (576, 1536, 4, 1): SkinnyConfig(8, 512, 4, False),
+    (960, 576, 4, 2): SkinnyConfig(4, 256, 4, False),
+    (576, 576, 4, 2): SkinnyConfig(4, 256, 4, False),
+    (3072, 576, 4, 2): SkinnyConfig(8, 512, 4, False),
+    (576, 1536, 4, 2): SkinnyConfig(8, 512, 4, False),
+    (960, 576, 4, 4): SkinnyConfig(2, 512, 8, False),
+    (576, 576, 4, 4): SkinnyConfig(2, 256, 4, False),
+    (3072, 576, 4, 4): SkinnyConfig(4, 256, 4, False),
+    (576, 1536, 4, 4): SkinnyConfig(4, 512, 4, False),
+    (960, 576, 4, 8): SkinnyConfig(2, 128, 8, False),
+    (576, 576, 4, 8): SkinnyConfig(2, 512, 4, False),
+    (3072, 576, 4, 8): SkinnyConfig(16, 64, 4, False),
+    (576, 1536, 4, 8): SkinnyConfig(4, 512, 8, False),
+}  # fmt: skip
