@@ -240,10 +240,12 @@ def main() -> None:
             for name in LAYER:
                 c = SkinnyConfig(**tables[name][b]["cfg"])
                 n, k = res[name]["n"], res[name]["k"]
-                entries.append([n, k, size, b, c.block_n, c.block_k, c.num_warps, c.dot])
+                glu = name == "w13"  # the sweep times w13 in the GLU form
+                entries.append([n, k, size, b, c.block_n, c.block_k, c.num_warps, c.dot, glu])
                 out["table"].append(
                     f"({n}, {k}, {size}, {b}): SkinnyConfig({c.block_n}, {c.block_k}, "
-                    f"{c.num_warps}, {c.dot}),  # {name}: layers {min(wins):.2f}x unfused"
+                    f"{c.num_warps}, {c.dot}{', glu=True' if glu else ''}),  "
+                    f"# {name}: layers {min(wins):.2f}x unfused"
                 )
         out[spec] = res
     if args.table_out:

@@ -126,5 +126,7 @@ def load_fused_table(path: str) -> None:
     with open(path) as f:
         entries = json.load(f)
     skinny.FUSED_CONFIGS.clear()
-    for n, k, size, rows, *cfg in entries:
-        skinny.FUSED_CONFIGS[n, k, size, rows] = skinny.SkinnyConfig(*cfg)
+    for n, k, size, rows, block_n, block_k, warps, dot, *glu in entries:  # glu: since run 63
+        skinny.FUSED_CONFIGS[n, k, size, rows] = skinny.SkinnyConfig(
+            block_n, block_k, warps, dot, glu=bool(glu and glu[0])
+        )

@@ -153,7 +153,8 @@ def layer_step(
     o = o.reshape(bsz, width, nh * hd)
     if fused:
         h = gemv(o, wo, shape.fast, residual=h)
-        if on_skinny(w13, bsz * width, shape.fast):  # silu(gate) * up in w13's epilogue
+        rows = bsz * width
+        if on_skinny(w13, rows, shape.fast) and skinny_kernel.glu_form(w13, rows):
             act = skinny_kernel.skinny(h, w13, norm=ln2, eps=eps, glu=True)
             return skinny_kernel.skinny(act, w2, residual=h), None
         gate_up = gemv(h, w13, shape.fast, norm=ln2, eps=eps)

@@ -21,6 +21,8 @@ the kernel's compile-time forms.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from mathagent.serving.engine.cuda import kernels
@@ -204,8 +206,15 @@ def skinny_config(n: int, k: int, itemsize: int, rows: int, fused: bool = False)
         block_k = min(256, max(32, 4096 // (max(2, bucket(rows)) * block_n)))
         cfg = SkinnyConfig(block_n, block_k, 4, False)
     if cfg.pdl and not kernels.pdl_supported():
-        cfg = SkinnyConfig(cfg.block_n, cfg.block_k, cfg.num_warps, cfg.dot, cfg.evict, False)
+        cfg = dataclasses.replace(cfg, pdl=False)
     return cfg
+
+
+def glu_form(weight: torch.Tensor, rows: int) -> bool:
+    """Whether a fused layer at ``rows`` rows runs w13 (this weight) in the GLU form: its entry
+    in the fused table says so (measured faster than w2's SiLU prologue there)."""
+    n, k = weight.shape
+    return skinny_config(n, k, weight.element_size(), rows, fused=True).glu
 
 
 def unrolled(k: int, mp: int, cfg: SkinnyConfig) -> bool:

@@ -22,6 +22,10 @@ class SkinnyConfig:
     dot: bool  # tl.dot over rows padded to 16, else broadcast FMAs over a power of two
     evict: str = "evict_first"  # weights are read once per step: keep L2 for activations
     pdl: bool = True  # programmatic dependent launch: overlap the previous kernel's tail
+    # Fused table, w13's entry only: the layer takes the GLU form at this bucket (w13 writes
+    # silu(gate) * up, w2 reads a plain row), where the sweep measured it faster than w2's SiLU
+    # prologue.
+    glu: bool = False
 
 
 # From benchmarks/skinny_sweep.py on one H200 (weights cold in L2, one graph per shape): per
@@ -65,13 +69,15 @@ SKINNY_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {
 # weight value, fused_bucket), listed where a layer's four fused products measured faster than
 # the unfused layer (cuBLAS or skinny products with Inductor's norm, SiLU and add kernels
 # around them): benchmarks/fused_rows_sweep.py. A layer takes the fused form only when all four
-# of its products are listed for the step's row bucket (forward.layer_step).
-# Measured in run 59 (`fused_rows_sweep.py --models smollm2-135m:bfloat16` and `:float32`,
-# benchmarks/fused_rows_sweep_h200_run59_*.json), the default model's layers (attention left
-# out), us per layer unfused -> fused: bf16 1 row 23.8 -> 12.9, 2 rows 17.0 -> 13.4 (4, 7 and 13
-# rows lost: 0.79-0.92x, cuBLAS's bf16 tensor-core tiles and its split K beat 36-program tiles
-# walking K = 1536 with the SiLU product); float32 1 row 24.1 -> 16.0, 2 rows 19.1 -> 16.3,
-# 4 rows 20.8 -> 19.0, 7 rows 25.8 -> 24.6 (13 rows 0.92x).
+# of its products are listed for the step's row bucket (forward.layer_step). Each bucket's
+# form is the faster of two sweeps, us per layer of the default model's shape, attention left
+# out (benchmarks/fused_rows_sweep_h200_run59_*.json: w2 with the SiLU prologue;
+# run63_*: w13 with the GLU epilogue, ``glu=True`` on its entry):
+#   bf16 1 row 23.8 -> 12.9 (GLU 23.4 -> 14.6), 2 rows 17.0 -> 13.4 (GLU 0.96x), 4 rows GLU
+#   18.4 -> 17.0 (SiLU prologue 0.79x); 7 and 13 rows lose both ways (0.90-0.99x: cuBLAS's bf16
+#   tensor-core tiles with split K against tiles walking K = 1536).
+#   float32 1 row 24.1 -> 16.0, 2 rows 19.1 -> 16.3, 4 rows 20.8 -> 19.0, 7 rows GLU 26.0 -> 21.0,
+#   13 rows GLU 35.3 -> 32.4.
 FUSED_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {
     (960, 576, 2, 1): SkinnyConfig(4, 512, 4, False),
     (576, 576, 2, 1): SkinnyConfig(4, 512, 4, False),
@@ -81,6 +87,10 @@ FUSED_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {
     (576, 576, 2, 2): SkinnyConfig(4, 512, 4, False),
     (3072, 576, 2, 2): SkinnyConfig(2, 512, 4, False),
     (576, 1536, 2, 2): SkinnyConfig(8, 512, 4, False),
+    (960, 576, 2, 4): SkinnyConfig(4, 256, 4, False),
+    (576, 576, 2, 4): SkinnyConfig(8, 256, 4, False),
+    (3072, 576, 2, 4): SkinnyConfig(2, 512, 4, False, glu=True),
+    (576, 1536, 2, 4): SkinnyConfig(2, 512, 4, False),
     (960, 576, 4, 1): SkinnyConfig(4, 256, 4, False),
     (576, 576, 4, 1): SkinnyConfig(4, 256, 4, False),
     (3072, 576, 4, 1): SkinnyConfig(8, 512, 4, False),
@@ -95,6 +105,10 @@ FUSED_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {
     (576, 1536, 4, 4): SkinnyConfig(4, 512, 4, False),
     (960, 576, 4, 8): SkinnyConfig(2, 128, 8, False),
     (576, 576, 4, 8): SkinnyConfig(2, 512, 4, False),
-    (3072, 576, 4, 8): SkinnyConfig(16, 64, 4, False),
-    (576, 1536, 4, 8): SkinnyConfig(4, 512, 8, False),
+    (3072, 576, 4, 8): SkinnyConfig(2, 64, 4, False, glu=True),
+    (576, 1536, 4, 8): SkinnyConfig(2, 512, 4, False),
+    (960, 576, 4, 16): SkinnyConfig(2, 64, 8, False),
+    (576, 576, 4, 16): SkinnyConfig(8, 128, 8, False),
+    (3072, 576, 4, 16): SkinnyConfig(4, 64, 8, False, glu=True),
+    (576, 1536, 4, 16): SkinnyConfig(2, 256, 8, False),
 }  # fmt: skip
