@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import skinny_sweep
 from gemv_sweep import graph_us, uses
 
 from mathagent.serving.engine.cuda import forward, kernels
@@ -45,25 +46,17 @@ LAYER = ("qkv", "wo", "w13", "w2")
 
 
 def candidates(k: int, mp_rows: int, dtype: str) -> list[SkinnyConfig]:
-    """Broadcast-FMA tiles of 8 to 64 float32 partial sums per thread, 4 or 8 warps, and tl.dot
-    tiles (bfloat16 on the tensor cores; float32 at IEEE precision only at BLOCK_K 64, where
-    ptxas does not spill: skinny_sweep.py)."""
-    pdl = kernels.pdl_supported()
-    out = []
-    for bn in (2, 4, 8, 16):
-        for bk in (64, 128, 256, 512):
-            fits = -(-k // bk) <= sk.MAX_UNROLL or k % bk == 0
-            for warps in (4, 8):
-                share = mp_rows * bn * bk // (32 * warps)
-                if fits and 8 <= share <= 64 and bk <= k:
-                    out.append(SkinnyConfig(bn, bk, warps, False, pdl=pdl))
-    dots = (
-        ((16, 64), (32, 64)) if dtype == "float32" else ((16, 64), (16, 128), (32, 64), (32, 128))
-    )
-    for bn, bk in dots:
-        if -(-k // bk) <= sk.MAX_UNROLL or k % bk == 0:
-            out.append(SkinnyConfig(bn, bk, 4, True, pdl=pdl))
-    return out
+    """``skinny_sweep.py``'s candidates (broadcast-FMA tiles at 4 warps, tl.dot tiles) and the
+    same FMA tiles at 8 warps: the prologue's work per tile is the fused form's own."""
+    more = [
+        SkinnyConfig(bn, bk, 8, False, pdl=kernels.pdl_supported())
+        for bn in (2, 4, 8, 16)
+        for bk in (64, 128, 256, 512)
+        if (-(-k // bk) <= sk.MAX_UNROLL or k % bk == 0)
+        and 8 <= mp_rows * bn * bk // 256 <= 64
+        and bk <= k
+    ]
+    return [*skinny_sweep.candidates(k, mp_rows, dtype), *more]
 
 
 def fused_args(name: str, rows: int, n: int, k: int, dtype: torch.dtype) -> tuple:

@@ -93,10 +93,9 @@ def test_skinny_replays_in_a_cuda_graph():
     assert max_rel(y, F.linear(x.double(), w.double())) < 2e-6
 
 
-@pytest.fixture(scope="module")
-def runners():
-    """Eager and CUDA-path runners over a 2-layer float32 model of the default model's widths,
-    the CUDA one with every 2..16-row product on the skinny kernel."""
+def _two_layer_runners(**shape_fields):
+    """Eager and CUDA-path runners over a 2-layer float32 model of the default model's widths;
+    ``shape_fields`` replace the CUDA forward's ``LayerShape`` fields before any capture."""
     from mathagent.serving.engine.config import EngineConfig
     from mathagent.serving.engine.model import ModelArgs, Transformer
     from mathagent.serving.engine.model_runner import ModelRunner
@@ -111,10 +110,18 @@ def runners():
     eager = ModelRunner(model, EngineConfig(eager=True, **common))
     fast = ModelRunner(model, EngineConfig(eager=False, **common))
     forward = fast.graphs.forward
-    weights = [*product_shapes("smollm2-135m")[:4], (4096, 576)]  # the head at vocab 4096
-    every = frozenset((n, k, b) for n, k in weights for b in (2, 4, 8, 16))
-    forward.shape = dataclasses.replace(forward.shape, skinny=every)  # before any capture
+    forward.shape = dataclasses.replace(forward.shape, **shape_fields)
     return eager, fast
+
+
+@pytest.fixture(scope="module")
+def runners():
+    """Eager and CUDA-path runners, the CUDA one with every 2..16-row product on the skinny
+    kernel."""
+    weights = [*product_shapes("smollm2-135m")[:4], (4096, 576)]  # the head at vocab 4096
+    return _two_layer_runners(
+        skinny=frozenset((n, k, b) for n, k in weights for b in (2, 4, 8, 16))
+    )
 
 
 def test_speculative_verify_on_skinny_equals_plain_greedy(runners):
@@ -203,27 +210,13 @@ def test_fused_form_computes_the_layer_ops(dot, dtype):
 
 @pytest.fixture(scope="module")
 def fused_runner():
-    """A CUDA-path runner over the ``runners`` model whose every layer at 1..16 rows takes the
-    fused skinny form (the table ``FUSED_CONFIGS`` would list every bucket)."""
-    from mathagent.serving.engine.config import EngineConfig
-    from mathagent.serving.engine.model import ModelArgs, Transformer
-    from mathagent.serving.engine.model_runner import ModelRunner
-
-    torch.manual_seed(0)
-    shape = dict(RANDOM_SHAPES["smollm2-135m"], vocab_size=4096, num_hidden_layers=2)
-    model = Transformer(ModelArgs.from_hf_config(shape)).to("cuda").eval()
-    for p in model.parameters():
-        p.data.normal_(0.0, 0.08)
-    common = dict(model=None, device=torch.device("cuda"), dtype=torch.float32, max_batch_size=4,
-                  max_seq_len=256, speculative="none", draft_len=4, draft_beams=1, threads=None)  # fmt: skip
-    eager = ModelRunner(model, EngineConfig(eager=True, **common))
-    fast = ModelRunner(model, EngineConfig(eager=False, **common))
-    forward = fast.graphs.forward
-    every = frozenset(
-        (n, k, b) for n, k in product_shapes("smollm2-135m")[:4] for b in (1, 2, 4, 8, 16)
+    """Eager and CUDA-path runners, the CUDA one with every layer at 1..16 rows in the fused
+    skinny form (as if the table ``FUSED_CONFIGS`` listed every bucket)."""
+    return _two_layer_runners(
+        fused_rows=frozenset(
+            (n, k, b) for n, k in product_shapes("smollm2-135m")[:4] for b in (1, 2, 4, 8, 16)
+        )
     )
-    forward.shape = dataclasses.replace(forward.shape, fused_rows=every)  # before any capture
-    return eager, fast
 
 
 def test_fused_layers_decode_and_verify_as_the_eager_model(fused_runner):
