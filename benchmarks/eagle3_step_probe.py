@@ -32,6 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from gpu_common import load_fused_table
 from gpu_default_model import add_arguments, agent_prompts, make_engine
 
 from mathagent.serving.engine.sampling_params import SamplingParams
@@ -46,6 +47,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="passes over the prompts")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.fused_table:  # as gpu_default_model.run
+        load_fused_table(args.fused_table)
     engine = make_engine(args, Path(tempfile.mkdtemp()))
     prompts = agent_prompts(engine, args.prompts, args.default_limit)
     spec, k = f"eagle3:{args.eagle3}", args.default_draft_len

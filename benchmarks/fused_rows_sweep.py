@@ -45,17 +45,31 @@ EPS = 1e-5
 LAYER = ("qkv", "wo", "w13", "w2")
 
 
+SPLITS = (2, 3, 4, 6, 8)
+
+
 def candidates(k: int, mp_rows: int, dtype: str) -> list[SkinnyConfig]:
-    """``skinny_sweep.py``'s candidates (broadcast-FMA tiles at 4 warps, tl.dot tiles) and the
-    same FMA tiles at 8 warps: the prologue's work per tile is the fused form's own."""
+    """``skinny_sweep.py``'s candidates (broadcast-FMA tiles at 4 warps, tl.dot tiles), the
+    same FMA tiles at 8 warps (the prologue's work per tile is the fused form's own), and from
+    4 rows up tiles that split K in slices of whole tiles: a tl.dot tile owns 16-32 columns, so
+    a 576-wide product has only 18-36 of them to walk K with."""
+    pdl = kernels.pdl_supported()
     more = [
-        SkinnyConfig(bn, bk, 8, False, pdl=kernels.pdl_supported())
+        SkinnyConfig(bn, bk, 8, False, pdl=pdl)
         for bn in (2, 4, 8, 16)
         for bk in (64, 128, 256, 512)
         if (-(-k // bk) <= sk.MAX_UNROLL or k % bk == 0)
         and 8 <= mp_rows * bn * bk // 256 <= 64
         and bk <= k
     ]
+    if mp_rows >= 4:
+        tiles = [(bn, bk, True) for bn in (16, 32) for bk in (32, 64, 128)]
+        tiles += [(bn, bk, False) for bn in (4, 8) for bk in (64, 128)
+                  if 8 <= mp_rows * bn * bk // 128 <= 64]  # fmt: skip
+        if dtype == "float32":  # IEEE tl.dot past BLOCK_K 64 spills (skinny_sweep.candidates)
+            tiles = [t for t in tiles if not (t[2] and t[1] > 64)]
+        more += [SkinnyConfig(bn, bk, 4, dot, pdl=pdl, split=s) for bn, bk, dot in tiles
+                 for s in SPLITS if k % (s * bk) == 0]  # fmt: skip
     return [*skinny_sweep.candidates(k, mp_rows, dtype), *more]
 
 
@@ -234,10 +248,13 @@ def main() -> None:
                 c = SkinnyConfig(**tables[name][b]["cfg"])
                 n, k = res[name]["n"], res[name]["k"]
                 glu = name == "w13"  # the sweep times w13 in the GLU form
-                entries.append([n, k, size, b, c.block_n, c.block_k, c.num_warps, c.dot, glu])
+                entries.append(
+                    [n, k, size, b, c.block_n, c.block_k, c.num_warps, c.dot, glu, c.split]
+                )
                 out["table"].append(
                     f"({n}, {k}, {size}, {b}): SkinnyConfig({c.block_n}, {c.block_k}, "
-                    f"{c.num_warps}, {c.dot}{', glu=True' if glu else ''}),  "
+                    f"{c.num_warps}, {c.dot}{', glu=True' if glu else ''}"
+                    f"{f', split={c.split}' if c.split > 1 else ''}),  "
                     f"# {name}: layers {min(wins):.2f}x unfused"
                 )
         out[spec] = res

@@ -126,7 +126,9 @@ def load_fused_table(path: str) -> None:
     with open(path) as f:
         entries = json.load(f)
     skinny.FUSED_CONFIGS.clear()
-    for n, k, size, rows, block_n, block_k, warps, dot, *glu in entries:  # glu: since run 63
+    for n, k, size, rows, block_n, block_k, warps, dot, *more in entries:
+        glu = bool(more[0]) if more else False  # since run 63
+        split = int(more[1]) if len(more) > 1 else 1  # since run 64
         skinny.FUSED_CONFIGS[n, k, size, rows] = skinny.SkinnyConfig(
-            block_n, block_k, warps, dot, glu=bool(glu and glu[0])
+            block_n, block_k, warps, dot, glu=glu, split=split
         )

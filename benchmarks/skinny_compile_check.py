@@ -43,11 +43,11 @@ def compile_one(
     ``resid`` / ``glu``: the fused form's prologue and epilogues)."""
     ty = TYPES[dtype]
     sig = {"x_ptr": f"*{ty}", "w_ptr": f"*{ty}", "y_ptr": f"*{ty}", "g_ptr": f"*{ty}",
-           "r_ptr": f"*{ty}", "M": "i32", "N": "i32", "stride_xm": "i32", "stride_wn": "i32",
-           "eps": "fp32"}  # fmt: skip
+           "r_ptr": f"*{ty}", "ws_ptr": "*fp32", "cnt_ptr": "*i32", "M": "i32", "N": "i32",
+           "stride_xm": "i32", "stride_wn": "i32", "eps": "fp32"}  # fmt: skip
     const = dict(K=k, MP=mp, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT=cfg.dot,
                  IEEE=ty == "fp32", UNROLL=sk.unrolled(k, mp, cfg) or glu, EVICT=cfg.evict, PDL=True,
-                 PRO=pro, RESID=resid, GLU=glu)  # fmt: skip
+                 PRO=pro, RESID=resid, GLU=glu, SPLIT=cfg.split)  # fmt: skip
     sig.update(dict.fromkeys(const, "constexpr"))
     start = time.time()
     src = ASTSource(sk._skinny_kernel, sig, const)

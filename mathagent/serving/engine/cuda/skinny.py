@@ -98,11 +98,12 @@ if triton is not None:
         return x
 
     @triton.jit(do_not_specialize=["M"])
-    def _skinny_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, M, N, stride_xm, stride_wn, eps,
-                       K: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr,
+    def _skinny_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, ws_ptr, cnt_ptr, M, N, stride_xm,
+                       stride_wn, eps, K: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, DOT: tl.constexpr, IEEE: tl.constexpr,
                        UNROLL: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
-                       PRO: tl.constexpr, RESID: tl.constexpr, GLU: tl.constexpr):  # fmt: skip
+                       PRO: tl.constexpr, RESID: tl.constexpr, GLU: tl.constexpr,
+                       SPLIT: tl.constexpr):  # fmt: skip
         """y[M, N] = f(x)[M, K] @ w[N, K]^T (+ r[M, N]); one kernel for every form because the
         forms share the tile walk and its PDL placement, and each is a compile-time flag.
 
@@ -113,50 +114,61 @@ if triton is not None:
         GLU (unrolled only): w is [2N, K] (gate rows, then up rows); each program also streams
         the up rows of its columns and writes silu(gate) * up, so the next product reads a
         plain row (its own SiLU prologue cost a 16-row step more than the product).
+        SPLIT: program (n, s) sums the s-th of SPLIT equal slices of K (whole tiles) into the
+        float32 workspace ws [SPLIT (x2 with GLU), M, N]; the last slice of a column block to
+        arrive (a counter in cnt, reset by it) adds the slices in order and runs the epilogue,
+        so a product with few column blocks still spreads over the SMs and stays deterministic.
         """
-        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        pid_n = tl.program_id(0)
+        KL: tl.constexpr = K // SPLIT  # the K this program walks
+        k_base = tl.program_id(1) * KL
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rm = tl.arange(0, MP)
         rk = tl.arange(0, BLOCK_K)
-        w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
-        x_ptrs = x_ptr + rm[:, None] * stride_xm + rk[None, :]
+        w_ptrs = w_ptr + k_base + rn[:, None] * stride_wn + rk[None, :]
+        x_rows = x_ptr + rm[:, None] * stride_xm + rk[None, :]  # whole rows: the norm's statistics
+        x_ptrs = x_rows + k_base
+        gk_ptr = g_ptr + k_base
         n_ok, m_ok = rn[:, None] < N, rm[:, None] < M
         # Weights never change: the first tile is requested before waiting on the kernel
         # before (programmatic dependent launch), as the one-row GEMV does.
-        w = _tile(w_ptrs, n_ok, rk, 0, K, BLOCK_K, EVICT)
+        w = _tile(w_ptrs, n_ok, rk, 0, KL, BLOCK_K, EVICT)
         u_ptrs = w_ptrs + N * stride_wn  # GLU's up rows
         wu = w
         if GLU:
-            wu = _tile(u_ptrs, n_ok, rk, 0, K, BLOCK_K, EVICT)
+            wu = _tile(u_ptrs, n_ok, rk, 0, KL, BLOCK_K, EVICT)
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
         rstd = tl.zeros((MP,), dtype=tl.float32)
         if PRO == 1:
-            rstd = _row_stats(x_ptrs, m_ok, rk, K, BLOCK_K, MP, UNROLL, eps)
+            rstd = _row_stats(x_rows, m_ok, rk, K, BLOCK_K, MP, UNROLL, eps)
         if DOT:
             acc = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
         else:  # elementwise partial sums; one reduction over K at the end
             acc = tl.zeros((MP, BLOCK_N, BLOCK_K), dtype=tl.float32)
         acc_u = acc
-        x = _input(x_ptrs, g_ptr, m_ok, rk, 0, K, BLOCK_K, rstd, PRO, BLOCK_K > K)
+        # A split's slices are whole tiles (launch checks), so only SPLIT == 1 masks columns.
+        x = _input(x_ptrs, gk_ptr, m_ok, rk, 0, K, BLOCK_K, rstd, PRO, BLOCK_K > KL)
         acc = _accumulate(acc, x, w, DOT, IEEE)
         if GLU:
             acc_u = _accumulate(acc_u, x, wu, DOT, IEEE)
         if UNROLL:
-            for k0 in tl.static_range(BLOCK_K, K, BLOCK_K):
-                w = _tile(w_ptrs, n_ok, rk, k0, K, BLOCK_K, EVICT)
+            for k0 in tl.static_range(BLOCK_K, KL, BLOCK_K):
+                w = _tile(w_ptrs, n_ok, rk, k0, KL, BLOCK_K, EVICT)
                 if GLU:
-                    wu = _tile(u_ptrs, n_ok, rk, k0, K, BLOCK_K, EVICT)
-                x = _input(x_ptrs, g_ptr, m_ok, rk, k0, K, BLOCK_K, rstd, PRO, k0 + BLOCK_K > K)
+                    wu = _tile(u_ptrs, n_ok, rk, k0, KL, BLOCK_K, EVICT)
+                x = _input(x_ptrs, gk_ptr, m_ok, rk, k0, K, BLOCK_K, rstd, PRO,
+                           k0 + BLOCK_K > KL)  # fmt: skip
                 acc = _accumulate(acc, x, w, DOT, IEEE)
                 if GLU:
                     acc_u = _accumulate(acc_u, x, wu, DOT, IEEE)
         else:  # each step requests the next tile before it multiplies (one tile ahead)
             w = tl.load(w_ptrs + BLOCK_K, mask=n_ok, other=0.0, eviction_policy=EVICT)
-            x = _input(x_ptrs, g_ptr, m_ok, rk, BLOCK_K, K, BLOCK_K, rstd, PRO, False)
-            for k0 in range(2 * BLOCK_K, K, BLOCK_K):
+            x = _input(x_ptrs, gk_ptr, m_ok, rk, BLOCK_K, K, BLOCK_K, rstd, PRO, False)
+            for k0 in range(2 * BLOCK_K, KL, BLOCK_K):
                 w_next = tl.load(w_ptrs + k0, mask=n_ok, other=0.0, eviction_policy=EVICT)
-                x_next = _input(x_ptrs, g_ptr, m_ok, rk, k0, K, BLOCK_K, rstd, PRO, False)
+                x_next = _input(x_ptrs, gk_ptr, m_ok, rk, k0, K, BLOCK_K, rstd, PRO, False)
                 acc = _accumulate(acc, x, w, DOT, IEEE)
                 w, x = w_next, x_next
             acc = _accumulate(acc, x, w, DOT, IEEE)
@@ -167,6 +179,23 @@ if triton is not None:
             y = tl.sum(acc, axis=2)
             yu = tl.sum(acc_u, axis=2)
         out_ok = m_ok & (rn[None, :] < N)
+        if SPLIT > 1:  # slices to the workspace; the last to arrive reduces them in order
+            ws_tile = ws_ptr + rm[:, None] * N + rn[None, :]
+            slice_size = M * N
+            tl.store(ws_tile + tl.program_id(1) * slice_size, y, mask=out_ok)
+            if GLU:
+                tl.store(ws_tile + (SPLIT + tl.program_id(1)) * slice_size, yu, mask=out_ok)
+            tl.debug_barrier()  # every thread's slice stored before the counter's release
+            last = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu") == SPLIT - 1
+            out_ok = out_ok & last
+            y = tl.zeros((MP, BLOCK_N), dtype=tl.float32)
+            yu = y
+            for s in tl.static_range(SPLIT):  # L2, not L1: other SMs wrote these
+                y += tl.load(ws_tile + s * slice_size, mask=out_ok, other=0.0, cache_modifier=".cg")
+                if GLU:
+                    yu += tl.load(ws_tile + (SPLIT + s) * slice_size, mask=out_ok, other=0.0,
+                                  cache_modifier=".cg")  # fmt: skip
+            tl.atomic_xchg(cnt_ptr + pid_n, 0, mask=last)  # ready for the next launch
         y = y.to(y_ptr.dtype.element_ty)
         if GLU:  # the eager rounding: gate and up rounded, silu(gate) rounded, the product
             gate = y.to(tl.float32)
@@ -218,9 +247,11 @@ def glu_form(weight: torch.Tensor, rows: int) -> bool:
 
 
 def unrolled(k: int, mp: int, cfg: SkinnyConfig) -> bool:
-    """Whether the K loop is unrolled: always for a partial last tile, else when the unrolled
-    loads fit in ~160 registers a thread. ptxas hoists every load of an unrolled loop (that is
-    the point: all tiles in flight at once), and past that it spills (sm_90a, 8B shapes)."""
+    """Whether the K loop (of one split slice) is unrolled: always for a partial last tile, else
+    when the unrolled loads fit in ~160 registers a thread. ptxas hoists every load of an
+    unrolled loop (that is the point: all tiles in flight at once), and past that it spills
+    (sm_90a, 8B shapes)."""
+    k //= cfg.split
     if k % cfg.block_k or k < 2 * cfg.block_k:
         return True
     in_flight = k * (cfg.block_n + mp) + (0 if cfg.dot else mp * cfg.block_n * cfg.block_k)
@@ -245,13 +276,41 @@ def launch(
     n = n // 2 if glu else n
     mp = MAX_ROWS if cfg.dot else max(2, bucket(m) or 2)
     unroll = unrolled(k, mp, cfg) or glu
-    _skinny_kernel[(triton.cdiv(n, cfg.block_n),)](
-        x2, weight, y, x2 if norm is None else norm, y if residual is None else residual,
-        m, n, x2.stride(0), weight.stride(0), eps, K=k, MP=mp, BLOCK_N=cfg.block_n,
+    blocks = triton.cdiv(n, cfg.block_n)
+    ws, counters = y, y  # unused without a split
+    if cfg.split > 1:
+        if k % (cfg.split * cfg.block_k):
+            raise ValueError(f"K = {k} is not {cfg.split} slices of whole {cfg.block_k} tiles")
+        ws = torch.empty((2 if glu else 1) * cfg.split, m, n, dtype=torch.float32, device=y.device)
+        counters = split_counters(y.device, blocks)
+    _skinny_kernel[(blocks, cfg.split)](
+        x2, weight, y, x2 if norm is None else norm, y if residual is None else residual, ws,
+        counters, m, n, x2.stride(0), weight.stride(0), eps, K=k, MP=mp, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, DOT=cfg.dot, IEEE=x2.dtype == torch.float32, UNROLL=unroll,
         EVICT=cfg.evict, PDL=cfg.pdl, PRO=1 if norm is not None else 2 if silu_mul else 0,
-        RESID=residual is not None, GLU=glu, num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
+        RESID=residual is not None, GLU=glu, SPLIT=cfg.split, num_warps=cfg.num_warps,
+        launch_pdl=cfg.pdl,
     )  # fmt: skip
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_COUNTER_SLOTS = 1 << 14
+
+
+def split_counters(device: torch.device, blocks: int) -> torch.Tensor:
+    """The device's arrival counters of split launches, one per column block, zero between
+    launches (each launch's last slice resets its own). One buffer serves every product: the
+    kernels of a step run in stream order, and a kernel launched early by PDL touches its
+    counters only after waiting for the kernel before it."""
+    if blocks > _COUNTER_SLOTS:
+        raise ValueError(f"a split launch takes at most {_COUNTER_SLOTS} column blocks")
+    counters = _COUNTERS.get(device)
+    if counters is None:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # A buffer made during capture would be zeroed only when the graph replays.
+            raise RuntimeError("run a split skinny launch once before capturing a CUDA graph")
+        counters = _COUNTERS[device] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
+    return counters
 
 
 @torch.library.custom_op("mathagent::skinny", mutates_args=())

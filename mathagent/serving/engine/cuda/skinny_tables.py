@@ -26,6 +26,9 @@ class SkinnyConfig:
     # silu(gate) * up, w2 reads a plain row), where the sweep measured it faster than w2's SiLU
     # prologue.
     glu: bool = False
+    # K in this many slices, one program each per column block, summed in slice order by the
+    # last to finish (skinny._skinny_kernel): more programs for products with few columns.
+    split: int = 1
 
 
 # From benchmarks/skinny_sweep.py on one H200 (weights cold in L2, one graph per shape): per
@@ -69,15 +72,13 @@ SKINNY_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {
 # weight value, fused_bucket), listed where a layer's four fused products measured faster than
 # the unfused layer (cuBLAS or skinny products with Inductor's norm, SiLU and add kernels
 # around them): benchmarks/fused_rows_sweep.py. A layer takes the fused form only when all four
-# of its products are listed for the step's row bucket (forward.layer_step). Each bucket's
-# form is the faster of two sweeps, us per layer of the default model's shape, attention left
-# out (benchmarks/fused_rows_sweep_h200_run59_*.json: w2 with the SiLU prologue;
-# run63_*: w13 with the GLU epilogue, ``glu=True`` on its entry):
-#   bf16 1 row 23.8 -> 12.9 (GLU 23.4 -> 14.6), 2 rows 17.0 -> 13.4 (GLU 0.96x), 4 rows GLU
-#   18.4 -> 17.0 (SiLU prologue 0.79x); 7 and 13 rows lose both ways (0.90-0.99x: cuBLAS's bf16
-#   tensor-core tiles with split K against tiles walking K = 1536).
-#   float32 1 row 24.1 -> 16.0, 2 rows 19.1 -> 16.3, 4 rows 20.8 -> 19.0, 7 rows GLU 26.0 -> 21.0,
-#   13 rows GLU 35.3 -> 32.4.
+# of its products are listed for the step's row bucket (forward.layer_step). us per layer of
+# the default model's shape, attention left out, unfused -> fused:
+#   buckets 1 and 2 (benchmarks/fused_rows_sweep_h200_run59_*.json, w2 with the SiLU prologue):
+#   bf16 1 row 23.8 -> 12.9, 2 rows 17.0 -> 13.4; float32 1 row 24.1 -> 16.0, 2 rows 19.1 -> 16.3.
+#   buckets 4, 8, 16 (run64_*_split.json: w13 in the GLU form, ``glu=True`` on its entry, and
+#   launches that split K, ``split``): bf16 13 rows 23.9 -> 21.4 (4 and 7 rows lose, 0.95x:
+#   not listed); float32 4 rows 20.9 -> 19.4, 7 rows 25.7 -> 22.2, 13 rows 35.0 -> 30.4.
 FUSED_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {
     (960, 576, 2, 1): SkinnyConfig(4, 512, 4, False),
     (576, 576, 2, 1): SkinnyConfig(4, 512, 4, False),
@@ -87,10 +88,10 @@ FUSED_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {
     (576, 576, 2, 2): SkinnyConfig(4, 512, 4, False),
     (3072, 576, 2, 2): SkinnyConfig(2, 512, 4, False),
     (576, 1536, 2, 2): SkinnyConfig(8, 512, 4, False),
-    (960, 576, 2, 4): SkinnyConfig(4, 256, 4, False),
-    (576, 576, 2, 4): SkinnyConfig(8, 256, 4, False),
-    (3072, 576, 2, 4): SkinnyConfig(2, 512, 4, False, glu=True),
-    (576, 1536, 2, 4): SkinnyConfig(2, 512, 4, False),
+    (960, 576, 2, 16): SkinnyConfig(32, 32, 4, True, split=6),
+    (576, 576, 2, 16): SkinnyConfig(32, 64, 4, True),
+    (3072, 576, 2, 16): SkinnyConfig(16, 64, 4, True, glu=True, split=3),
+    (576, 1536, 2, 16): SkinnyConfig(32, 128, 4, True, split=6),
     (960, 576, 4, 1): SkinnyConfig(4, 256, 4, False),
     (576, 576, 4, 1): SkinnyConfig(4, 256, 4, False),
     (3072, 576, 4, 1): SkinnyConfig(8, 512, 4, False),
@@ -99,16 +100,16 @@ FUSED_CONFIGS: dict[tuple[int, int, int, int], SkinnyConfig] = {
     (576, 576, 4, 2): SkinnyConfig(4, 256, 4, False),
     (3072, 576, 4, 2): SkinnyConfig(8, 512, 4, False),
     (576, 1536, 4, 2): SkinnyConfig(8, 512, 4, False),
-    (960, 576, 4, 4): SkinnyConfig(2, 512, 8, False),
-    (576, 576, 4, 4): SkinnyConfig(2, 256, 4, False),
-    (3072, 576, 4, 4): SkinnyConfig(4, 256, 4, False),
-    (576, 1536, 4, 4): SkinnyConfig(4, 512, 4, False),
-    (960, 576, 4, 8): SkinnyConfig(2, 128, 8, False),
+    (960, 576, 4, 4): SkinnyConfig(4, 128, 4, False),
+    (576, 576, 4, 4): SkinnyConfig(8, 128, 4, False),
+    (3072, 576, 4, 4): SkinnyConfig(4, 256, 4, False, glu=True),
+    (576, 1536, 4, 4): SkinnyConfig(2, 512, 8, False),
+    (960, 576, 4, 8): SkinnyConfig(4, 512, 8, False),
     (576, 576, 4, 8): SkinnyConfig(2, 512, 4, False),
-    (3072, 576, 4, 8): SkinnyConfig(2, 64, 4, False, glu=True),
+    (3072, 576, 4, 8): SkinnyConfig(4, 128, 4, False, glu=True),
     (576, 1536, 4, 8): SkinnyConfig(2, 512, 4, False),
-    (960, 576, 4, 16): SkinnyConfig(2, 64, 8, False),
+    (960, 576, 4, 16): SkinnyConfig(8, 128, 8, False),
     (576, 576, 4, 16): SkinnyConfig(8, 128, 8, False),
     (3072, 576, 4, 16): SkinnyConfig(4, 64, 8, False, glu=True),
-    (576, 1536, 4, 16): SkinnyConfig(2, 256, 8, False),
+    (576, 1536, 4, 16): SkinnyConfig(8, 64, 4, False, split=4),
 }  # fmt: skip

@@ -196,32 +196,72 @@ def test_fused_form_computes_the_layer_ops(dot, dtype):
                 kw["residual"] = torch.randn(rows, out, device="cuda", dtype=dtype)
             if mode == "silu":
                 kw["silu_mul"] = True
-            cfg = sk.SkinnyConfig(16 if dot else 4, 64 if dot else 128, 4, dot,
-                                  pdl=cuda_kernels.pdl_supported())  # fmt: skip
-            y = torch.empty(rows, out, device="cuda", dtype=dtype)
-            sk.launch(x, w, y, cfg, kw.get("norm"), kw.get("residual"), kw.get("eps", 1e-6),
-                      kw.get("silu_mul", False), kw.get("glu", False))  # fmt: skip
             ref = _fused_reference(x, w, kw)
             tol = 2e-5 if dtype == torch.float32 else 2e-2
-            assert max_rel(y, ref) < tol, (mode, rows)
+            for split in (1, 3):  # K = 576 / 1536 in 3 slices of whole tiles
+                block_k = 64 if dot or split > 1 else 128  # 128: a partial last tile at 576
+                cfg = sk.SkinnyConfig(16 if dot else 4, block_k, 4, dot, split=split,
+                                      pdl=cuda_kernels.pdl_supported())  # fmt: skip
+                y = torch.empty(rows, out, device="cuda", dtype=dtype)
+                sk.launch(x, w, y, cfg, kw.get("norm"), kw.get("residual"), kw.get("eps", 1e-6),
+                          kw.get("silu_mul", False), kw.get("glu", False))  # fmt: skip
+                assert max_rel(y, ref) < tol, (mode, rows, split)
             if rows > 1 or kw:  # the public op, its own launch shape
                 assert max_rel(sk.skinny(x, w, **kw), ref) < tol, (mode, rows)
+
+
+def test_split_launches_are_deterministic_and_replay_in_a_graph():
+    """A product in K slices (the last slice of a column block reduces them in order) gives the
+    same bits on every launch and graph replay, and leaves its counters at zero."""
+    from mathagent.serving.engine.cuda import skinny as sk
+
+    torch.manual_seed(3)
+    w = torch.randn(576, 1536, device="cuda", dtype=torch.bfloat16) * 1536**-0.5
+    x = torch.randn(13, 1536, device="cuda", dtype=torch.bfloat16)
+    r = torch.randn(13, 576, device="cuda", dtype=torch.bfloat16)
+    cfg = sk.SkinnyConfig(32, 64, 4, True, split=8, pdl=cuda_kernels.pdl_supported())
+    y = torch.empty(13, 576, device="cuda", dtype=torch.bfloat16)
+    sk.launch(x, w, y, cfg, residual=r)
+    first = y.clone()
+    for _ in range(20):
+        sk.launch(x, w, y, cfg, residual=r)
+        assert torch.equal(y, first)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sk.launch(x, w, y, cfg, residual=r)
+    for _ in range(5):
+        y.zero_()
+        graph.replay()
+        assert torch.equal(y, first)
+    torch.cuda.synchronize()
+    assert int(sk.split_counters(y.device, 1).abs().sum()) == 0
+    assert max_rel(first, _fused_reference(x, w, {"residual": r})) < 2e-2
+    with pytest.raises(ValueError, match="slices"):
+        sk.launch(x, w, y, sk.SkinnyConfig(32, 128, 4, True, split=5))
 
 
 @pytest.fixture(scope="module")
 def fused_runner():
     """Eager and CUDA-path runners, the CUDA one with every layer at 1..16 rows in the fused
-    skinny form (as if the table ``FUSED_CONFIGS`` listed every bucket)."""
-    return _two_layer_runners(
-        fused_rows=frozenset(
-            (n, k, b) for n, k in product_shapes("smollm2-135m")[:4] for b in (1, 2, 4, 8, 16)
-        )
-    )
+    skinny form (as if the table ``FUSED_CONFIGS`` listed every bucket); at 8 rows every
+    product runs in K slices (split launches), elsewhere at the table's launch shapes."""
+    from mathagent.serving.engine.cuda import skinny as sk
+
+    shapes = product_shapes("smollm2-135m")[:4]
+    saved = dict(sk.FUSED_CONFIGS)
+    for n, k in shapes:
+        sk.FUSED_CONFIGS[n, k, 4, 8] = sk.SkinnyConfig(32, 64, 4, True, split=3,
+                                                       glu=(n, k) == shapes[2])  # fmt: skip
+    yield _two_layer_runners(fused_rows=frozenset((n, k, b) for n, k in shapes
+                                                  for b in (1, 2, 4, 8, 16)))  # fmt: skip
+    sk.FUSED_CONFIGS.clear()
+    sk.FUSED_CONFIGS.update(saved)
 
 
 def test_fused_layers_decode_and_verify_as_the_eager_model(fused_runner):
     """Float32: one-row steps through the fused form decode the eager model's greedy tokens,
-    and verify steps of 4 and 13 tokens through it accept exactly that output."""
+    and verify steps of 4, 7 (split launches) and 13 tokens through it accept exactly that
+    output."""
     eager, fast = fused_runner
     dev = fast.device
     prompt = torch.randint(0, 4096, (16,), generator=torch.Generator().manual_seed(5)).tolist()
@@ -238,7 +278,7 @@ def test_fused_layers_decode_and_verify_as_the_eager_model(fused_runner):
 
     plain = greedy(fast)
     assert plain == greedy(eager)
-    for width in (3, 12):  # drafts per verify step: 4 and 13 rows
+    for width in (3, 6, 12):  # drafts per verify step: 4, 7 and 13 rows
         out = [plain[0]]
         while len(out) < len(plain):
             i = len(out) - 1
