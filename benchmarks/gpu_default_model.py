@@ -53,6 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="speculative methods of the graph engine, comma-separated")  # fmt: skip
     group.add_argument("--default-device", default="cuda", help="cuda (graphs) or cpu (eager)")
     group.add_argument("--default-dtype", default="float32", choices=["float32", "bfloat16"])
+    group.add_argument("--default-temperature", type=float, default=0.0,
+                       help="sample at this temperature (seeded per problem) instead of greedy")  # fmt: skip
     group.add_argument("--model-dir", type=Path, help="where a GGUF is converted (default: temp)")
     group.add_argument("--default-batch", type=int, default=1,
                        help="problems decoded together (>1: tok/s from each group's wall time)")  # fmt: skip
@@ -143,10 +145,11 @@ def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str]
     stats = {m: SpecStats() for m in methods}
     outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
     timelines: dict[str, dict[str, list[float]]] = {m: {} for m in methods}
+    temperature = getattr(args, "default_temperature", 0.0)
     for method in methods:  # warm-up: captures each method's graphs outside the timing
         engine.speculator.policy = DraftPolicy(args.default_draft_len, False)  # every step drafts
-        engine.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0.0,
-                                                    speculative=method.split("@")[0]))  # fmt: skip
+        engine.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=temperature,
+                                                    seed=0, speculative=method.split("@")[0]))  # fmt: skip
     size = max(1, getattr(args, "default_batch", 1))
     for n, group in enumerate(prompts[i : i + size] for i in range(0, len(prompts), size)):
         # the speculative methods take turns going first: a fixed order gave the auto policy
@@ -157,8 +160,8 @@ def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str]
         # first method timed would otherwise pay the prefill the others reuse)
         engine.generate(group, SamplingParams(max_tokens=1, temperature=0.0))
         for method in methods[:1] + methods[1:][turn:] + methods[1:][:turn]:
-            params = SamplingParams(max_tokens=args.default_max_tokens, temperature=0.0,
-                                    speculative=method.split("@")[0])  # fmt: skip
+            params = SamplingParams(max_tokens=args.default_max_tokens, temperature=temperature,
+                                    seed=n, speculative=method.split("@")[0])  # fmt: skip
             engine.speculator.policy = policies[method]  # each method learns its own
             claimed, start = _claimed(engine, method), time.perf_counter()
             results = _generate(engine, group, params, timelines[method])
@@ -228,6 +231,7 @@ def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], time
            "max_tokens": args.default_max_tokens, "draft_len": args.default_draft_len,
            "beams": engine.config.draft_beams, "batch": getattr(args, "default_batch", 1),
            "lookup_branch": engine.config.lookup_branch,
+           "temperature": getattr(args, "default_temperature", 0.0),
            "methods": {}}  # fmt: skip
     for method in timed["methods"]:
         t = totals[method]

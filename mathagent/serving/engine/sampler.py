@@ -54,20 +54,26 @@ class Sampler:
         return torch.where(batch.temperature == 0.0, greedy, sampled)
 
     @staticmethod
-    def probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        """Probabilities ``[B, V]`` after temperature, top-k and top-p (greedy rows: t=1)."""
+    def probs(logits: torch.Tensor, batch: SamplingBatch, static: bool = False) -> torch.Tensor:
+        """Probabilities ``[B, V]`` after temperature, top-k and top-p (greedy rows: t=1).
+
+        ``static``: both cuts run whatever the rows ask (a row with top-k 0 or top-p 1 is left
+        whole by them), so nothing waits on the device: a captured CUDA graph runs it.
+        """
         temp = torch.where(batch.temperature > 0, batch.temperature, 1.0)
         logits = logits.float() / temp[:, None]
         vocab = logits.shape[-1]
-        if bool((batch.top_k > 0).any()):
+        if static or bool((batch.top_k > 0).any()):
             k = torch.where(batch.top_k > 0, batch.top_k, vocab).clamp(max=vocab)
             kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
             logits = logits.masked_fill(logits < kth, float("-inf"))
-        if bool((batch.top_p < 1.0).any()):
+        if static or bool((batch.top_p < 1.0).any()):
             sorted_logits, order = logits.sort(dim=-1, descending=True)
             cum = sorted_logits.softmax(-1).cumsum(-1)
-            # Keep a token while the mass before it is below top_p (always keeps the first).
+            # Keep a token while the mass before it is below top_p (always keeps the first);
+            # a row at top_p 1 keeps everything (its float32 sum may reach 1 before the tail).
             drop_sorted = (cum - sorted_logits.softmax(-1)) >= batch.top_p[:, None]
+            drop_sorted &= (batch.top_p < 1.0)[:, None]
             drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
             logits = logits.masked_fill(drop, float("-inf"))
         return logits.softmax(dim=-1)

@@ -17,17 +17,28 @@ ahead and the step's body share one graph's buffers and its input layout.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
 
+from mathagent.serving.engine.sampling_params import SamplingParams
 from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
-from mathagent.serving.engine.spec_decode.tree_batch import TreeBatch, accept_longest, move_path
+from mathagent.serving.engine.spec_decode.tree_batch import (
+    SAMPLING_COLUMNS,
+    TreeBatch,
+    accept_longest,
+    accept_sampled,
+    move_path,
+    sampling_row,
+)
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
+
+# A sampled row's warp and generator (None: a greedy row).
+RowSampling = tuple[SamplingParams, torch.Generator | None] | None
 
 
 @dataclass
@@ -135,7 +146,7 @@ class _Launch:
     """One replayed step: where its outcome lands and, for a step launched ahead, the inputs
     it ran on once the host knows them."""
 
-    key: tuple[int, int]
+    key: tuple[int, int, bool]  # (bucket, k, sampled)
     host: Tensor  # [bucket, 2 + k] pinned copy of the outcome
     last: Tensor  # [rows, H] the hidden state at each row's last accepted node
     done: torch.cuda.Event
@@ -154,10 +165,22 @@ class _Graph:
     staging: Tensor  # pinned host copy of ``inp.packed``
     pinned: list[Tensor]  # two pinned outcome buffers, used in turn
     copied: torch.cuda.Event | None = None  # the last copy out of ``staging`` has run
+    # a sampled step's rows: warp and uniforms [bucket, 3 + k + 1] (tree_batch.sampling_row),
+    # filled from two pinned buffers in turn, each with the event of its last copy
+    sampling: Tensor | None = None
+    sampling_staging: list[Tensor] = field(default_factory=list)
+    sampling_copied: list = field(default_factory=lambda: [None, None])
 
 
 class ChainStep:
-    """Whole greedy chain steps of ``drafter`` on ``graphs``; one graph per (bucket, k)."""
+    """Whole chain steps of ``drafter`` on ``graphs``; one graph per (bucket, k, sampled).
+
+    A batch with sampled rows takes a graph that also accepts by lossless speculative sampling
+    (:func:`~.tree_batch.accept_sampled`: the chain's drafts are deterministic, q one-hot), at
+    uniforms each row's own generator drew for the step on the host (``k + 1`` a launch, a step
+    launched ahead and thrown away included) and copied in with the inputs; greedy rows of that
+    batch accept as in a greedy one.
+    """
 
     def __init__(self, drafter: ChainDrafter, graphs: CudaGraphRunner, width: int = 1) -> None:
         self.drafter = drafter
@@ -166,6 +189,7 @@ class ChainStep:
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._ahead: _Launch | None = None  # a step launched before its inputs were read
         self.claimed = 0  # steps launched ahead and then used (tests and benchmarks read it)
+        self.sampled_launches = 0  # replays of graphs with sampled rows (tests read it)
         # acceptance as one compiled region: eager, the argmax over the vocabulary and ~30
         # small index kernels took ~60 us of a 1.5 ms step (benchmarks/GPU_NOTES.md, run 51)
         self._accept = accept_longest
@@ -176,35 +200,41 @@ class ChainStep:
         """Whether :meth:`step` takes ``rows`` rows drafting ``k`` (a captured verify shape)."""
         return self.graphs.accepts(rows, 1 + self.width * k)  # the step's own verify shape
 
-    def prepare(self, rows: int, k: int) -> None:
+    def prepare(self, rows: int, k: int, sampled: bool = False) -> None:
         """Capture the step of ``rows`` rows drafting ``k`` now (a warm-up outside timing)."""
-        key = (self.graphs.bucket(rows), k)
+        key = (self.graphs.bucket(rows), k, sampled)
         if key not in self._graphs:
             self._capture(*key)
 
     def captured(self) -> list[tuple[int, int]]:
-        """The (bucket, k) shapes captured so far."""
-        return list(self._graphs)
+        """The (bucket, k) shapes captured so far (greedy or sampled)."""
+        return list(dict.fromkeys((b, k) for b, k, _ in self._graphs))
 
     def step(
         self, slots: list[int], starts: list[int], windows: list[list[int]], k: int,
-        ahead: bool = False,
+        ahead: bool = False, sampling: list[RowSampling] | None = None,
     ) -> tuple[list[list[int]], Tensor]:  # fmt: skip
         """Draft, verify and accept rows whose windows of ``k + 1`` tokens start at
         ``starts``: per row ``[accepted, committed tokens..., -1...]`` on the host and the
         target's hidden state ``[B, H]`` at the last accepted node. The outcome is the step's
         one host sync; with ``ahead`` the same rows' next step is launched before it (each row
-        must have room for ``2 (k + 1)`` more positions)."""
+        must have room for ``2 (k + 1)`` more positions). ``sampling``: per row its warp and
+        generator, None for a greedy row."""
         rows = len(slots)
-        key = (self.graphs.bucket(rows), k)
-        self.prepare(rows, k)
+        sampled = sampling is not None and any(s is not None for s in sampling)
+        key = (self.graphs.bucket(rows), k, sampled)
+        self.prepare(rows, k, sampled)
         launch, self._ahead = self._ahead, None
         if launch is None or launch.key != key or launch.expect != (slots, starts, windows):
             self._fill(key, slots, starts, windows)
+            if sampling is not None and sampled:
+                self._fill_sampling(key, sampling)
             launch = self._launch(key, rows)
         else:
             self.claimed += 1
         if ahead:
+            if sampling is not None and sampled:  # the next step's own draws
+                self._fill_sampling(key, sampling)
             self._ahead = self._launch(key, rows)  # on the inputs the last replay advanced
         launch.done.synchronize()
         outcome = launch.host[:rows].tolist()
@@ -223,7 +253,8 @@ class ChainStep:
         for row in rows if before is not None else ():
             before(row)
         slots, starts, windows = windows_of(rows, k)
-        host, last = self.step(slots, starts, windows, k, ahead)
+        sampling = [None if r.greedy else (r.seq.params, r.seq.generator) for r in rows]
+        host, last = self.step(slots, starts, windows, k, ahead, sampling)
         drafts = [Draft(torch.tensor([w[-1:] + [0] * k])) for w in windows]  # shapes only
         return drafts, host, last
 
@@ -231,7 +262,7 @@ class ChainStep:
         """Forget a step launched ahead (the batch changed, or the next step is not this one)."""
         self._ahead = None
 
-    def _fill(self, key: tuple[int, int], slots: list[int], starts: list[int],
+    def _fill(self, key: tuple[int, int, bool], slots: list[int], starts: list[int],
               windows: list[list[int]]) -> None:  # fmt: skip
         """Copy the rows' inputs (padded rows on the scratch slot) into the graph's, in one copy."""
         g = self._graphs[key]
@@ -249,11 +280,35 @@ class ChainStep:
         g.copied = torch.cuda.Event()
         g.copied.record()
 
-    def _launch(self, key: tuple[int, int], rows: int) -> _Launch:
+    def _fill_sampling(self, key: tuple[int, int, bool], sampling: list[RowSampling]) -> None:
+        """Each row's warp and ``k + 1`` fresh uniforms from its generator (padded and greedy
+        rows: temperature 0) into the graph's sampling buffer, in one copy."""
+        g = self._graphs[key]
+        k = key[1]
+        assert g.sampling is not None
+        greedy = torch.zeros(SAMPLING_COLUMNS + k + 1, dtype=torch.float64)
+        values = torch.stack([
+            greedy if s is None else sampling_row(
+                s[0].temperature, s[0].top_p, s[0].top_k,
+                torch.rand(k + 1, generator=s[1], dtype=torch.float64),
+            )
+            for s in [*sampling, *[None] * (key[0] - len(sampling))]
+        ])  # fmt: skip
+        g.sampling_staging.reverse()
+        g.sampling_copied.reverse()
+        if g.sampling_copied[0] is not None:
+            g.sampling_copied[0].synchronize()  # this buffer's last copy has run
+        g.sampling_staging[0].copy_(values)
+        g.sampling.copy_(g.sampling_staging[0], non_blocking=True)
+        g.sampling_copied[0] = torch.cuda.Event()
+        g.sampling_copied[0].record()
+
+    def _launch(self, key: tuple[int, int, bool], rows: int) -> _Launch:
         """Replay, then queue the copy of the outcome out of the graph's buffers (the next
         replay overwrites them) into the pinned buffer not used last time."""
         g = self._graphs[key]
         g.graph.replay()
+        self.sampled_launches += key[2]
         g.pinned.reverse()
         host = g.pinned[0]
         host.copy_(g.outcome, non_blocking=True)
@@ -262,10 +317,13 @@ class ChainStep:
         done.record()
         return _Launch(key, host, last, done)
 
-    def _body(self, inp: ChainInputs, k: int, verify: object) -> tuple[Tensor, Tensor]:
+    def _body(
+        self, inp: ChainInputs, k: int, verify: object, sampling: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """Draft, then verify the chains (a tree of them, nodes written at ``c ..``, the root
-        at ``c``; ``verify``: the step's StepInputs), accept greedily, move the accepted path's
-        K/V into place, let the drafter see the committed nodes, and advance ``inp``;
+        at ``c``; ``verify``: the step's StepInputs), accept (greedily, or by speculative
+        sampling for the rows ``sampling`` gives a temperature), move the accepted path's K/V
+        into place, let the drafter see the committed nodes, and advance ``inp``;
         ``(outcome [B, 2 + k], last hidden [B, H])``."""
         beams = self.drafter.run(inp, k)
         tree = TreeBatch(beams if beams.dim() == 3 else beams[:, None], [])
@@ -280,6 +338,9 @@ class ChainStep:
         verify.start.copy_(c)  # type: ignore[attr-defined]
         logits, hidden, captured = self.graphs.forward(verify)
         accepted, path, tokens = self._accept(tree.beams, logits, tree.parents())  # path [B, 1 + k]
+        if sampling is not None:
+            greedy = (accepted, path, tokens)
+            accepted, path, tokens = accept_sampled(tree.beams, logits, sampling, greedy)
         if tree.width > 1:
             forward = self.graphs.forward
             move_path((forward.k, forward.v), inp.slots, c, path)
@@ -304,9 +365,10 @@ class ChainStep:
         inp.start.add_((accepted + 1) * real)
         inp.window.copy_(window)
 
-    def _capture(self, batch: int, k: int) -> None:
-        """Capture the whole step of ``batch`` rows drafting ``k``; padded rows (and the
-        warm-up) work on the scratch slot, whose inputs :meth:`advance` leaves alone."""
+    def _capture(self, batch: int, k: int, sampled: bool = False) -> None:
+        """Capture the whole step of ``batch`` rows drafting ``k`` (``sampled``: with sampled
+        acceptance); padded rows (and the warm-up) work on the scratch slot, whose inputs
+        :meth:`advance` leaves alone."""
         from mathagent.serving.engine.cuda.forward import StepInputs
 
         dev = self.drafter.device
@@ -318,7 +380,16 @@ class ChainStep:
         mask = TreeBatch(torch.zeros(1, self.width, k + 1, dtype=torch.long, device=dev), []).mask()
         if mask is not None:  # the tree's own mask, the same every step (causal for a chain)
             verify.tree.copy_(mask.to(torch.int8).expand_as(verify.tree))
-        graph, (outcome, last) = capture_graph(self.graphs, lambda: self._body(inp, k, verify))
+        sampling = None  # zeros in the warm-up: every row greedy
+        if sampled:
+            sampling = torch.zeros(batch, SAMPLING_COLUMNS + k + 1, dtype=torch.float64, device=dev)
+        graph, (outcome, last) = capture_graph(
+            self.graphs, lambda: self._body(inp, k, verify, sampling)
+        )
         staging = torch.zeros(inp.packed.numel(), dtype=torch.long).pin_memory()
         pinned = [torch.zeros(outcome.shape, dtype=torch.long).pin_memory() for _ in range(2)]
-        self._graphs[(batch, k)] = _Graph(graph, inp, verify, outcome, last, staging, pinned)
+        g = _Graph(graph, inp, verify, outcome, last, staging, pinned, sampling=sampling)
+        if sampling is not None:
+            g.sampling_staging = [torch.zeros_like(sampling, device="cpu").pin_memory()
+                                  for _ in range(2)]  # fmt: skip
+        self._graphs[(batch, k, sampled)] = g

@@ -84,7 +84,7 @@ class Eagle3Proposer:
         self.chains: Eagle3Chain | None = Eagle3Chain(self, runner.graphs)
         self.lookup = NgramProposer() if runner.config.lookup_branch else None
         self.table: DeviceNgram | None = None  # the lookup's token table on CUDA graphs
-        # whole greedy chain steps in one graph (CUDA graphs only), the lookup as a 2nd branch
+        # whole chain steps in one graph (CUDA graphs only), the lookup as a 2nd branch
         self.steps = None
         if runner.graphs is not None:
             if self.lookup is None:
@@ -157,7 +157,8 @@ class Eagle3Proposer:
     def fused_step(
         self, rows: list[SpecRow], k: int, sinks: int, ahead: bool = False
     ) -> tuple[list[Draft], list[list[int]], Tensor] | None:
-        """Draft, verify and accept greedy chains in one CUDA graph, when every row allows it
+        """Draft, verify and accept chains in one CUDA graph (sampled rows by speculative
+        sampling of the head's chain: :class:`ChainStep`), when every row allows it
         and this head is the runner's only feature sink (``sinks``); else None. Returns the
         drafts' shapes, each row's ``[accepted, committed tokens..., -1...]`` and the target's
         hidden state [B, H] at each row's last accepted node. ``ahead``: launch the same rows'
@@ -166,7 +167,7 @@ class Eagle3Proposer:
         fits = (
             self.steps is not None and self.steps.fits(len(rows), k) and self.beams == 1
             and sinks == 1
-            and all(r.greedy and k < r.seq.num_cached <= self.max_seq - nodes for r in rows)
+            and all(k < r.seq.num_cached <= self.max_seq - nodes for r in rows)
         )  # fmt: skip
         if not fits:
             self.drop_ahead()

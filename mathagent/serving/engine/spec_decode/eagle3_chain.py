@@ -103,30 +103,32 @@ class Eagle3Chain:
         offsets = torch.arange(width, device=self.device)
         pos = inp.start[:, None] + offsets  # [B, T]
         hidden = p.feats[inp.slots[:, None], pos]  # [B, T, H]
-        out = self._layer(inp, p.embedding[inp.window], hidden, pos, inp.causal, kv_len)
+        out = self._layer(inp, inp.window, hidden, pos, inp.causal, kv_len)
         last = out[:, -1:]  # [B, 1, H] the layer's output at c - 1
         drafted = [inp.window[:, -1]]
         for j in range(k):
             drafted.append(self._next(last[:, 0]))
             if j + 1 < k:
                 at = inp.start + (width - 1 + j + 1)  # [B] position c - 1 + (j + 1)
-                emb = p.embedding[drafted[-1]][:, None]
                 step = ChainInputs(inp.packed, inp.slots, at, inp.window, inp.causal, inp.single)
-                last = self._layer(step, emb, last, at[:, None], inp.single, kv_len)
+                last = self._layer(step, drafted[-1][:, None], last, at[:, None], inp.single,
+                                   kv_len)  # fmt: skip
         return torch.stack(drafted, 1)
 
     def _layer(
-        self, inp: ChainInputs, emb: Tensor, hidden: Tensor, pos: Tensor, tree: Tensor,
+        self, inp: ChainInputs, tokens: Tensor, hidden: Tensor, pos: Tensor, tree: Tensor,
         kv_len: int | None,
     ) -> Tensor:  # fmt: skip
-        """The head's layer on new positions ``pos [B, T]`` (consecutive from ``inp.start``):
-        writes their K/V and attends to everything before them and causally among them."""
+        """The head's layer on new positions ``pos [B, T]`` (consecutive from ``inp.start``)
+        holding ``tokens [B, T]``: writes their K/V and attends to everything before them and
+        causally among them. The embedding lookup is the layer's own (on CUDA inside its
+        compiled region: eager, each lookup was a 3.9 us index kernel, GPU_NOTES run 64)."""
         if self.graphs is not None:
-            return self._cuda_step(emb, hidden, pos, inp.slots, inp.start, tree)
+            return self._cuda_step(tokens, hidden, pos, inp.slots, inp.start, tree)
         p = self.p
         mid = p.head.midlayer
         cos, sin = p.cos[pos][:, :, None], p.sin[pos][:, :, None]
-        residual, q, k, v = mid.project(emb, hidden.to(p.dtype), cos, sin)
+        residual, q, k, v = mid.project(p.embedding[tokens], hidden.to(p.dtype), cos, sin)
         rows = inp.slots[:, None]
         p.k[rows, :, pos] = k.transpose(1, 2)  # [B, T, Hkv, D]
         p.v[rows, :, pos] = v.transpose(1, 2)
@@ -135,15 +137,15 @@ class Eagle3Chain:
         keys, values = p.k[inp.slots, :, :kv_len], p.v[inp.slots, :, :kv_len]
         return mid.finish(residual, attend(q, keys, values, seen))
 
-    def _cuda_layer(self, emb: Tensor, hidden: Tensor, pos: Tensor, slots: Tensor, start: Tensor,
-                    tree: Tensor) -> Tensor:  # fmt: skip
+    def _cuda_layer(self, tokens: Tensor, hidden: Tensor, pos: Tensor, slots: Tensor,
+                    start: Tensor, tree: Tensor) -> Tensor:  # fmt: skip
         """:meth:`_layer` on CUDA: the Triton split-KV attention over the head's slot cache."""
         from mathagent.serving.engine.cuda.attention import decode_attention
 
         p = self.p
         mid = p.head.midlayer
         cos, sin = p.cos[pos][:, :, None], p.sin[pos][:, :, None]
-        residual, q, k, v = mid.project(emb, hidden.to(p.dtype), cos, sin)
+        residual, q, k, v = mid.project(p.embedding[tokens], hidden.to(p.dtype), cos, sin)
         rows = slots[:, None]
         p.k[rows, :, pos] = k.transpose(1, 2)  # [B, T, Hkv, D]
         p.v[rows, :, pos] = v.transpose(1, 2)

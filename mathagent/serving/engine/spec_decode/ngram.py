@@ -50,7 +50,7 @@ class NgramProposer:
 
 class NgramDrafts:
     """Prompt lookup over each sequence's own tokens (drafts are copied, so q is one-hot).
-    On CUDA graphs greedy chains take the one-graph step (:mod:`.ngram_device`)."""
+    On CUDA graphs chains (greedy or sampled) take the one-graph step (:mod:`.ngram_device`)."""
 
     def __init__(self, lookup: NgramProposer | None = None, fused=None) -> None:
         self.lookup = lookup or NgramProposer()

@@ -101,16 +101,16 @@ class FusedNgram:
         self.broken = False  # a shape failed to capture: the engine's general path from then on
 
     def step(self, rows: list[SpecRow], k: int, ahead: bool):
-        """:meth:`ChainStep.step` for greedy rows with room (else None)."""
+        """:meth:`ChainStep.step` for rows with room, greedy or sampled (else None)."""
         if (
             self.broken
             or not self.steps.fits(len(rows), k)
-            or not all(r.greedy and r.seq.num_cached > k and r.seq.slot is not None for r in rows)
+            or not all(r.seq.num_cached > k and r.seq.slot is not None for r in rows)
         ):
             self.steps.drop()
             return None
         try:
-            self.steps.prepare(len(rows), k)
+            self.steps.prepare(len(rows), k, not all(r.greedy for r in rows))
         except Exception:  # a new path on a GPU: n-gram still works without it, so say so
             log.exception("n-gram one-graph step failed to capture; drafting on the host")
             self.broken = True

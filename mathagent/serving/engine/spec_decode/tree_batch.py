@@ -17,7 +17,9 @@ from functools import cache
 import torch
 from torch import Tensor
 
+from mathagent.serving.engine.sampler import Sampler, SamplingBatch
 from mathagent.serving.engine.spec_decode.proposal import Draft
+from mathagent.serving.engine.spec_decode.verify import sample_verify_at
 
 
 @dataclass
@@ -97,6 +99,46 @@ def accept_longest(beams: Tensor, logits: Tensor, parents: Tensor) -> tuple[Tens
     tokens = torch.where(steps[None] < accepted[:, None], tokens, -1)
     tokens.scatter_(1, accepted[:, None], last)
     return accepted, path, tokens
+
+
+SAMPLING_COLUMNS = 3  # a step's sampling row: temperature, top-p, top-k, then its uniforms
+
+
+def sampling_row(temperature: float, top_p: float, top_k: int, uniforms: Tensor) -> Tensor:
+    """One row of :func:`accept_sampled`'s ``sampling`` (float64): the request's warp and
+    the ``D + 1`` uniforms its generator drew for the step; temperature 0 keeps it greedy."""
+    warp = torch.tensor([temperature, top_p, float(top_k)], dtype=torch.float64)
+    return torch.cat([warp, uniforms.to(torch.float64)])
+
+
+def accept_sampled(
+    beams: Tensor, logits: Tensor, sampling: Tensor, greedy: tuple[Tensor, Tensor, Tensor]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Rows with a temperature take lossless speculative sampling of their first beam (the
+    drafter's chain, drafted deterministically: q one-hot); the others keep ``greedy``, the
+    outcome of :func:`accept_longest`. Same outputs as it; no host sync, so it runs inside a
+    captured step.
+
+    sampling: ``[B, 3 + D + 1]`` rows of :func:`sampling_row`.
+    """
+    b, d = beams.shape[0], beams.shape[2] - 1
+    temperature, top_p, top_k = sampling[:, :SAMPLING_COLUMNS].T
+    per_node = SamplingBatch(
+        temperature.float().repeat_interleave(d + 1), top_p.float().repeat_interleave(d + 1),
+        top_k.long().repeat_interleave(d + 1), [], False,
+    )  # fmt: skip
+    chain = logits[:, : d + 1]  # the root, then beam 0's nodes 1 .. D
+    p = Sampler.probs(chain.reshape(b * (d + 1), -1), per_node, static=True).view(b, d + 1, -1)
+    verdict = sample_verify_at(beams[:, 0, 1:], p, None, sampling[:, SAMPLING_COLUMNS:])
+    steps = torch.arange(d + 1, device=beams.device)
+    path = torch.minimum(steps[None], verdict.accepted[:, None])  # beam 0's node j is node j
+    sampled = temperature > 0
+    accepted, greedy_path, tokens = greedy
+    return (
+        torch.where(sampled, verdict.accepted, accepted),
+        torch.where(sampled[:, None], path, greedy_path),
+        torch.where(sampled[:, None], verdict.tokens, tokens),
+    )
 
 
 def _pad(beams: Tensor, width: int, depth: int) -> Tensor:

@@ -55,11 +55,11 @@ def _uniform(shape: tuple[int, ...], generator: torch.Generator | None, device) 
     return torch.rand(shape, generator=generator, dtype=torch.float64).to(device)
 
 
-def _draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
-    """One sample per row of ``probs`` [B, V] by inverse CDF (no host sync on a GPU)."""
+def _draw(probs: Tensor, u: Tensor) -> Tensor:
+    """One sample per row of ``probs`` [B, V] by inverse CDF at the uniforms ``u`` [B] (no host
+    sync on a GPU)."""
     cdf = probs.double().cumsum(-1)
-    u = _uniform((probs.shape[0], 1), generator, probs.device) * cdf[:, -1:]
-    return (cdf <= u).sum(-1).clamp(max=probs.shape[-1] - 1)
+    return (cdf <= u.double()[:, None] * cdf[:, -1:]).sum(-1).clamp(max=probs.shape[-1] - 1)
 
 
 def sample_verify(
@@ -74,16 +74,28 @@ def sample_verify(
     target_probs: [B, K+1, V] warped target probabilities p.
     draft_probs: [B, K, V] warped probabilities q the drafts were drawn from, or None for a
         deterministic proposer (q is one-hot on the draft).
+    generator: the request's; it draws K + 1 uniforms a row (:func:`sample_verify_at`).
     """
     b, k = drafts.shape
+    return sample_verify_at(
+        drafts, target_probs, draft_probs, _uniform((b, k + 1), generator, drafts.device)
+    )
+
+
+def sample_verify_at(
+    drafts: Tensor, target_probs: Tensor, draft_probs: Tensor | None, u: Tensor
+) -> Verdict:
+    """:func:`sample_verify` at given uniforms ``u [B, K + 1]`` (float64): column ``i < K``
+    decides draft ``i``, column ``K`` draws the token that follows. No host sync and no
+    data-dependent shapes, so a captured step runs it (the uniforms copied in with its inputs)."""
+    b, k = drafts.shape
     if k == 0:  # nothing drafted: a plain sample from p
-        return Verdict(drafts.new_zeros(b), _draw(target_probs[:, 0], generator)[:, None])
+        return Verdict(drafts.new_zeros(b), _draw(target_probs[:, 0], u[:, 0])[:, None])
     valid = drafts >= 0
     idx = drafts.clamp(min=0)[..., None]  # [B, K, 1]
     p_d = target_probs[:, :k].gather(-1, idx).squeeze(-1)  # [B, K]
     q_d = torch.ones_like(p_d) if draft_probs is None else draft_probs.gather(-1, idx).squeeze(-1)
-    u = _uniform((b, k), generator, drafts.device)
-    ok = (u * q_d.double() < p_d.double()) & valid  # u < p/q without dividing by q
+    ok = (u[:, :k] * q_d.double() < p_d.double()) & valid  # u < p/q without dividing by q
     accepted = ok.long().cumprod(1).sum(1)
     rows = torch.arange(b, device=drafts.device)
     p_next = target_probs[rows, accepted]  # [B, V]
@@ -99,7 +111,7 @@ def sample_verify(
     # p == q leaves no residual mass, but then rejection had probability zero; p is the safe fallback
     residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), p_next)
     dist = torch.where(rejected[:, None], residual, p_next)
-    return Verdict(accepted, _emit(drafts, accepted, _draw(dist, generator)))
+    return Verdict(accepted, _emit(drafts, accepted, _draw(dist, u[:, k])))
 
 
 @dataclass

@@ -199,3 +199,54 @@ def test_the_lookup_branch_on_graphs_is_one_tree_step_and_equals_eager(model) ->
     if repeats:  # the random model cycled: the lookup must have landed something
         assert graph_out.metrics.speculative["accepted_tokens"] > 0
     assert graph_engine.speculator.proposer(SpecMethod("eagle3", "/random-head")) is graph_proposer
+
+
+def test_sampled_rows_take_the_one_graph_step_and_keep_the_target_law(model) -> None:
+    """Sampled requests run the one-graph step too (lossless speculative sampling of the head's
+    chain at uniforms their own generators drew): the first three generated tokens follow the
+    target's warped law (chi-square against the law enumerated over the top-k support), greedy
+    rows sharing their batches stay plain greedy, and the step both accepts and rejects."""
+    from mathagent.serving.engine.sampler import Sampler, SamplingBatch
+    from mathagent.serving.engine.sampling_params import SamplingParams
+    from tests.serving.engine.spec_decode.stats import chi_square_p
+
+    warp = dict(temperature=0.9, top_k=4, top_p=0.95)
+    prompt = torch.randint(0, 2048, (10,), generator=torch.Generator().manual_seed(29)).tolist()
+    reference_engine, _ = _engine(model, eager=True)  # the law, on slot 0 of its own cache
+    model.capture = ()
+    law_of = SamplingBatch.build([SamplingParams(**warp)], [None], torch.device("cuda"))
+
+    def law(prefix: list[int]) -> torch.Tensor:
+        tokens = torch.tensor([prefix], device="cuda")
+        positions = torch.arange(len(prefix), device="cuda")[None]
+        logits, _ = reference_engine.runner.forward(tokens, positions, [0], logits_last_only=True)
+        return Sampler.probs(logits[:, -1], law_of)[0].double().cpu()
+
+    exact, frontier = [], [(1.0, [])]
+    for _ in range(3):
+        total, grown = torch.zeros(2048, dtype=torch.float64), []
+        for weight, path in frontier:
+            p = law(prompt + path)
+            total += weight * p
+            grown += [(weight * float(p[t]), [*path, t]) for t in p.nonzero().flatten().tolist()]
+        exact.append(total)
+        frontier = grown
+    engine, proposer = _engine(model, eager=False)
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    reference = engine.generate([prompt], greedy)[0].token_ids
+    params = [
+        greedy.model_copy(update={"speculative": METHOD}) if i % 4 == 3
+        else SamplingParams(max_tokens=3, ignore_eos=True, seed=i, speculative=METHOD, **warp)
+        for i in range(1000)
+    ]  # fmt: skip
+    out = engine.generate([prompt] * len(params), params)
+    model.capture = ()
+    assert all(r.token_ids == reference for r, p in zip(out, params, strict=True) if p.greedy)
+    assert proposer.steps.sampled_launches > 0, "sampled rows did not take the one-graph step"
+    sampled = [r for r, p in zip(out, params, strict=True) if not p.greedy]
+    for pos in range(3):
+        counts = torch.bincount(torch.tensor([r.token_ids[pos] for r in sampled]), minlength=2048)
+        assert chi_square_p(counts, exact[pos]) > 0.01, pos
+    drafted = sum(r.metrics.speculative["drafted_tokens"] for r in sampled)
+    accepted = sum(r.metrics.speculative["accepted_tokens"] for r in sampled)
+    assert drafted > 0 and 0 < accepted < drafted

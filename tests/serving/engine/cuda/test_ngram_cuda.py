@@ -60,3 +60,34 @@ def test_ngram_on_graphs_is_one_graph_per_step_and_stays_plain_greedy() -> None:
     assert proposer.fused is not None and proposer.fused.steps.captured(), "no one-graph step"
     assert proposer.fused.steps.claimed > 0, "no step launched ahead was used"
     assert sum(r.metrics.speculative["accepted_tokens"] for r in fused) > 0
+
+
+def test_sampled_ngram_rows_take_the_one_graph_step() -> None:
+    """Sampled requests (with greedy ones in the same batches) run the one-graph step with
+    sampled acceptance: greedy rows stay plain greedy, a seed gives the same tokens again,
+    and lookups land at a low temperature."""
+    from mathagent.serving.engine.model import ModelArgs, Transformer
+    from mathagent.serving.engine.sampling_params import SamplingParams
+    from mathagent.serving.engine.spec_config import SpecMethod
+
+    torch.manual_seed(0)
+    model = Transformer(ModelArgs.from_hf_config(SHAPE)).to("cuda").eval()
+    for p in model.parameters():
+        p.data.normal_(0.0, 0.1)
+    base = torch.randint(0, 512, (6,), generator=torch.Generator().manual_seed(3)).tolist()
+    prompts = [base * 4, base * 3 + [7], base * 4, base * 2 + [7, 8]]
+    greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    sampled = [SamplingParams(max_tokens=40, temperature=0.3, top_p=0.9, seed=s, ignore_eos=True)
+               for s in (1, 2)]  # fmt: skip
+    params = [greedy, sampled[0], greedy, sampled[1]]
+    engine = _engine(model, eager=False)
+    reference = [r.token_ids for r in engine.generate([prompts[0], prompts[2]],
+                 greedy.model_copy(update={"speculative": "none"}))]  # fmt: skip
+    first = engine.generate(prompts, params)
+    again = engine.generate(prompts, params)
+    assert [first[0].token_ids, first[2].token_ids] == reference
+    assert [r.token_ids for r in again] == [r.token_ids for r in first]
+    assert all(len(r.token_ids) == 40 for r in first)
+    steps = engine.speculator.proposer(SpecMethod("ngram", None)).fused.steps
+    assert steps.sampled_launches > 0, "sampled rows did not take the one-graph step"
+    assert sum(first[i].metrics.speculative["accepted_tokens"] for i in (1, 3)) > 0

@@ -1,0 +1,113 @@
+"""Sampled acceptance inside a captured chain step, as tensor functions on the CPU.
+
+:func:`accept_sampled` is what a :class:`ChainStep` graph runs for a batch with sampled rows: it
+must give greedy rows the greedy outcome and sampled rows exactly what the host path's rule
+(:func:`sample_verify` on the chain, the warp of :meth:`Sampler.probs`) gives at the same
+uniforms. The static warp (no data-dependent branches) must equal the branching one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mathagent.serving.engine.sampler import Sampler, SamplingBatch
+from mathagent.serving.engine.spec_decode.tree_batch import (
+    accept_longest,
+    accept_sampled,
+    sampling_row,
+)
+from mathagent.serving.engine.spec_decode.verify import sample_verify, sample_verify_at
+from tests.serving.engine.spec_decode.stats import chi_square_p
+
+VOCAB = 50
+
+
+def _batch(temps, top_ps, top_ks) -> SamplingBatch:
+    return SamplingBatch(torch.tensor(temps), torch.tensor(top_ps), torch.tensor(top_ks), [], False)
+
+
+def test_the_static_warp_equals_the_branching_one() -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, VOCAB, generator=gen) * 3
+    for batch in (
+        _batch([0.7, 1.0, 0.0, 1.3], [0.9, 1.0, 0.8, 1.0], [0, 5, 3, 0]),
+        _batch([0.7, 1.0, 0.5, 1.3], [1.0, 1.0, 1.0, 1.0], [0, 0, 0, 0]),  # no cut asked
+    ):
+        static = Sampler.probs(logits, batch, static=True)
+        assert torch.allclose(static, Sampler.probs(logits, batch), atol=1e-7)
+    whole = Sampler.probs(logits, _batch([1.0] * 4, [1.0] * 4, [0] * 4), static=True)
+    assert torch.allclose(whole, logits.softmax(-1), atol=1e-7)  # top-p 1 keeps every token
+
+
+def test_sample_verify_draws_its_uniforms_from_the_generator() -> None:
+    gen = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(3, 4, VOCAB, generator=gen), -1)
+    q = torch.softmax(torch.randn(3, 3, VOCAB, generator=gen), -1)
+    drafts = torch.randint(0, VOCAB, (3, 3), generator=gen)
+    for draft_probs in (None, q):
+        a = sample_verify(drafts, p, draft_probs, torch.Generator().manual_seed(9))
+        u = torch.rand((3, 4), generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+        b = sample_verify_at(drafts, p, draft_probs, u)
+        assert torch.equal(a.accepted, b.accepted) and torch.equal(a.tokens, b.tokens)
+
+
+def _step_inputs(seed: int, rows: int, width: int, depth: int):
+    gen = torch.Generator().manual_seed(seed)
+    nodes = 1 + width * depth
+    logits = torch.randn(rows, nodes, VOCAB, generator=gen) * 2
+    beams = torch.randint(0, VOCAB, (rows, width, 1 + depth), generator=gen)
+    # drafts that are often the target's argmax, so some rows accept several
+    pred = logits.argmax(-1)
+    for b in range(rows):
+        for d in range(depth):
+            if torch.rand(1, generator=gen) < 0.7:
+                beams[b, 0, 1 + d] = pred[b, d]
+    beams[:, 1:, 0] = beams[:, :1, 0]
+    parents = torch.where(torch.arange(width * depth) % depth == 0, 0, torch.arange(width * depth))
+    return beams, logits, parents
+
+
+def test_sampled_rows_follow_the_host_rule_and_greedy_rows_stay_greedy() -> None:
+    depth, width, rows = 4, 2, 5
+    warps = [None, (0.8, 0.9, 0), None, (1.2, 1.0, 4), (0.5, 0.95, 10)]
+    for seed in range(30):
+        beams, logits, parents = _step_inputs(seed, rows, width, depth)
+        greedy = accept_longest(beams, logits, parents)
+        draws = torch.rand(rows, depth + 1, generator=torch.Generator().manual_seed(seed),
+                           dtype=torch.float64)  # fmt: skip
+        sampling = torch.stack([
+            sampling_row(0.0, 1.0, 0, draws[b]) if w is None else sampling_row(*w, draws[b])
+            for b, w in enumerate(warps)
+        ])  # fmt: skip
+        accepted, path, tokens = accept_sampled(beams, logits, sampling, greedy)
+        for b, w in enumerate(warps):
+            if w is None:
+                assert accepted[b] == greedy[0][b] and torch.equal(path[b], greedy[1][b])
+                assert torch.equal(tokens[b], greedy[2][b])
+                continue
+            p = Sampler.probs(logits[b, : depth + 1], _batch([w[0]] * 5, [w[1]] * 5, [w[2]] * 5))
+            want = sample_verify_at(beams[b : b + 1, 0, 1:], p[None], None, draws[b : b + 1])
+            assert accepted[b] == want.accepted[0]
+            assert tokens[b].tolist() == want.tokens[0].tolist()
+            assert path[b].tolist() == [min(j, int(want.accepted[0])) for j in range(depth + 1)]
+
+
+def test_the_first_committed_token_follows_the_warped_target() -> None:
+    """Over many uniforms the token a sampled row commits first has the warped law of the
+    root's logits, whatever the chain drafted (lossless); a test that can fail: the chain's
+    first draft alone would not."""
+    depth, n = 3, 6000
+    beams, logits, parents = _step_inputs(3, 1, 1, depth)
+    beams, logits = beams.expand(n, -1, -1), logits.expand(n, -1, -1)
+    greedy = accept_longest(beams, logits, parents)
+    draws = torch.rand(
+        n, depth + 1, generator=torch.Generator().manual_seed(4), dtype=torch.float64
+    )
+    sampling = torch.stack([sampling_row(0.9, 1.0, 0, draws[b]) for b in range(n)])
+    _, _, tokens = accept_sampled(beams, logits, sampling, greedy)
+    law = Sampler.probs(logits[:1, 0], _batch([0.9], [1.0], [0]))[0]
+    counts = torch.bincount(tokens[:, 0], minlength=VOCAB)
+    assert chi_square_p(counts, law) > 0.01
+    first_draft = torch.zeros(VOCAB)
+    first_draft[beams[0, 0, 1]] = 1.0
+    assert chi_square_p(counts, first_draft + 1e-3) < 0.01
