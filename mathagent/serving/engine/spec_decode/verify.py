@@ -101,9 +101,9 @@ def sample_verify_at(
     p_next = target_probs[rows, accepted]  # [B, V]
     rejected = accepted < valid.sum(1)
     if draft_probs is None:
-        q_next = torch.zeros_like(p_next)
         hit = drafts[rows, accepted.clamp(max=k - 1)].clamp(min=0)
-        q_next[rows, hit] = 1.0
+        # scatter, not index_put of a Python number: that copies a host tensor (not in a graph)
+        q_next = torch.zeros_like(p_next).scatter_(1, hit[:, None], 1.0)
     else:
         q_next = draft_probs[rows, accepted.clamp(max=k - 1)]
     residual = (p_next - q_next).clamp(min=0)
