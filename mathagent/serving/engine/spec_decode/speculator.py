@@ -65,7 +65,8 @@ class Speculator:
         # (requests, draft length) of a step launched ahead: by a plain step (0) or a fused one
         self._ahead: tuple[list[str], int] | None = None
         self._fused_by: Proposer | None = None  # the proposer holding a fused step launched ahead
-        self._since: tuple[list[str], float] | None = None  # (requests, end) of the last step
+        # (requests, end, draft length) of the last step
+        self._since: tuple[list[str], float, int] | None = None
         self._tracks: dict[str, _Track] = {}
 
     def proposer(self, method: SpecMethod) -> Proposer | None:
@@ -118,10 +119,17 @@ class Speculator:
         # work between steps (commit, detokenising, scheduling) included, which a step launched
         # ahead hides from its own start-to-end time (H200, batch 32: 7.0 ms timed, 9.2 ms paid)
         end = time.perf_counter()
-        begin = self._since[1] if self._since is not None and self._since[0] == ids else start
-        self._since = (ids, end)
+        same_rows = self._since is not None and self._since[0] == ids
+        begin = self._since[1] if same_rows else start
+        # the first speculative step after plain ones first catches its drafter up (EAGLE-3
+        # settles its layer over the plain steps' positions eagerly): timed, it made a steady
+        # step look ~2x dearer and the policy stayed plain (GPU_NOTES run 65, sampled EAGLE-3
+        # auto 0.74x plain); a probe's second step is the one timed
+        catching_up = k > 0 and same_rows and self._since is not None and self._since[2] == 0
+        self._since = (ids, end, k)
         # a step that captured a CUDA graph spent seconds compiling: not what its shape costs
-        if not wasted and self._captures() == captures and (k == 0 or self.last_depth > 0):
+        if (not wasted and not catching_up and self._captures() == captures
+                and (k == 0 or self.last_depth > 0)):  # fmt: skip
             self.policy.observed(len(seqs), k, end - begin)
         return out
 

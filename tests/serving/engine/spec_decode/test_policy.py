@@ -359,3 +359,32 @@ def test_a_step_is_timed_with_the_host_work_since_the_last_step() -> None:
         time.sleep(0.05)  # the host's work between steps
     assert len(seconds) > 3
     assert all(s >= 0.05 for s in seconds[1:]), seconds  # the first follows the prefill
+
+
+def test_the_first_speculative_step_after_plain_ones_is_not_timed() -> None:
+    # it catches the drafter up on the plain steps' positions (EAGLE-3 settles its layer
+    # eagerly): timed, a probe measured that, not a steady speculative step (GPU_NOTES run 65)
+    engine = make_engine("cpu")
+    prompt = torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(6)).tolist()
+    engine.speculator.proposers.register(SpecMethod("draft", "counting"), Counting())
+    script = itertools.cycle([0, 0, 3, 3, 3])
+    chosen: list[int] = []
+    timed: list[int] = []
+
+    class Scripted(DraftPolicy):
+        def choose(self, batch: int) -> int:
+            chosen.append(next(script))
+            return chosen[-1]
+
+        def observed(self, batch: int, k: int, seconds: float) -> None:
+            timed.append(len(chosen) - 1)
+
+    engine.speculator.policy = Scripted(3, True)
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True,
+                            speculative="draft:counting")  # fmt: skip
+    engine.generate([prompt], params)
+    assert len(chosen) > 10
+    for i, k in enumerate(chosen):
+        after_plain = i > 0 and k > 0 and chosen[i - 1] == 0
+        assert (i in timed) == (not after_plain) or i == 0, (i, chosen[: i + 1])
+    assert any(k and i in timed for i, k in enumerate(chosen))
