@@ -121,15 +121,11 @@ class Speculator:
         end = time.perf_counter()
         same_rows = self._since is not None and self._since[0] == ids
         begin = self._since[1] if same_rows else start
-        # the first speculative step after plain ones first catches its drafter up (EAGLE-3
-        # settles its layer over the plain steps' positions eagerly): timed, it made a steady
-        # step look ~2x dearer and the policy stayed plain (GPU_NOTES run 65, sampled EAGLE-3
-        # auto 0.74x plain); a probe's second step is the one timed
+        # untimed: a first speculative step after plain ones (its drafter catches up: ~2x a
+        # steady step, GPU_NOTES run 65) and a step that captured a CUDA graph (compiling)
         catching_up = k > 0 and same_rows and self._since is not None and self._since[2] == 0
         self._since = (ids, end, k)
-        # a step that captured a CUDA graph spent seconds compiling: not what its shape costs
-        if (not wasted and not catching_up and self._captures() == captures
-                and (k == 0 or self.last_depth > 0)):  # fmt: skip
+        if not (wasted or catching_up) and self._captures() == captures and (k == 0 or self.last_depth > 0):  # fmt: skip
             self.policy.observed(len(seqs), k, end - begin)
         return out
 
