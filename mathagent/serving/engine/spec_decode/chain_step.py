@@ -186,7 +186,7 @@ class ChainStep:
         self.drafter = drafter
         self.graphs = graphs
         self.width = width  # chains per row the drafter returns (a tree when > 1)
-        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._graphs: dict[tuple[int, int, bool], _Graph] = {}  # (bucket, k, sampled)
         self._ahead: _Launch | None = None  # a step launched before its inputs were read
         self.claimed = 0  # steps launched ahead and then used (tests and benchmarks read it)
         self.sampled_launches = 0  # replays of graphs with sampled rows (tests read it)
@@ -221,19 +221,20 @@ class ChainStep:
         must have room for ``2 (k + 1)`` more positions). ``sampling``: per row its warp and
         generator, None for a greedy row."""
         rows = len(slots)
-        sampled = sampling is not None and any(s is not None for s in sampling)
-        key = (self.graphs.bucket(rows), k, sampled)
-        self.prepare(rows, k, sampled)
+        if sampling is not None and all(s is None for s in sampling):
+            sampling = None  # every row greedy: the greedy graph
+        key = (self.graphs.bucket(rows), k, sampling is not None)
+        self.prepare(rows, k, sampling is not None)
         launch, self._ahead = self._ahead, None
         if launch is None or launch.key != key or launch.expect != (slots, starts, windows):
             self._fill(key, slots, starts, windows)
-            if sampling is not None and sampled:
+            if sampling is not None:
                 self._fill_sampling(key, sampling)
             launch = self._launch(key, rows)
         else:
             self.claimed += 1
         if ahead:
-            if sampling is not None and sampled:  # the next step's own draws
+            if sampling is not None:  # the next step's own draws
                 self._fill_sampling(key, sampling)
             self._ahead = self._launch(key, rows)  # on the inputs the last replay advanced
         launch.done.synchronize()
