@@ -55,6 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--default-dtype", default="float32", choices=["float32", "bfloat16"])
     group.add_argument("--default-temperature", type=float, default=0.0,
                        help="sample at this temperature (seeded per problem) instead of greedy")  # fmt: skip
+    group.add_argument("--default-top-p", type=float, default=1.0,
+                       help="top-p of the sampled runs (below 1: the warp sorts the vocabulary)")  # fmt: skip
     group.add_argument("--model-dir", type=Path, help="where a GGUF is converted (default: temp)")
     group.add_argument("--default-batch", type=int, default=1,
                        help="problems decoded together (>1: tok/s from each group's wall time)")  # fmt: skip
@@ -146,10 +148,12 @@ def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str]
     outputs: dict[str, list[list[int]]] = {m: [] for m in methods}
     timelines: dict[str, dict[str, list[float]]] = {m: {} for m in methods}
     temperature = getattr(args, "default_temperature", 0.0)
+    top_p = getattr(args, "default_top_p", 1.0)
     for method in methods:  # warm-up: captures each method's graphs outside the timing
         engine.speculator.policy = DraftPolicy(args.default_draft_len, False)  # every step drafts
         engine.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=temperature,
-                                                    seed=0, speculative=method.split("@")[0]))  # fmt: skip
+                                                    top_p=top_p, seed=0,
+                                                    speculative=method.split("@")[0]))  # fmt: skip
     size = max(1, getattr(args, "default_batch", 1))
     for n, group in enumerate(prompts[i : i + size] for i in range(0, len(prompts), size)):
         # the speculative methods take turns going first: a fixed order gave the auto policy
@@ -161,7 +165,7 @@ def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str]
         engine.generate(group, SamplingParams(max_tokens=1, temperature=0.0))
         for method in methods[:1] + methods[1:][turn:] + methods[1:][:turn]:
             params = SamplingParams(max_tokens=args.default_max_tokens, temperature=temperature,
-                                    seed=n, speculative=method.split("@")[0])  # fmt: skip
+                                    top_p=top_p, seed=n, speculative=method.split("@")[0])  # fmt: skip
             engine.speculator.policy = policies[method]  # each method learns its own
             claimed, start = _claimed(engine, method), time.perf_counter()
             results = _generate(engine, group, params, timelines[method])
@@ -212,9 +216,12 @@ def _generate(engine: LLMEngine, prompts: list[str], params: SamplingParams,
 
 
 def _claimed(engine: LLMEngine, method: str) -> int:
-    """Steps a method's proposer launched ahead and then used (fused EAGLE-3 chains)."""
+    """Steps launched ahead and then used: plain decode's lookahead, or a method's one-graph
+    steps (fused EAGLE-3 chains)."""
     spec = method.split("@")[0]
-    proposer = None if spec == "none" else engine.speculator.proposer(embedded_method(spec))
+    if spec == "none":
+        return getattr(engine.runner.lookahead, "claimed", 0)
+    proposer = engine.speculator.proposer(embedded_method(spec))
     return getattr(getattr(proposer, "steps", None), "claimed", 0)
 
 
@@ -232,6 +239,7 @@ def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], time
            "beams": engine.config.draft_beams, "batch": getattr(args, "default_batch", 1),
            "lookup_branch": engine.config.lookup_branch,
            "temperature": getattr(args, "default_temperature", 0.0),
+           "top_p": getattr(args, "default_top_p", 1.0),
            "methods": {}}  # fmt: skip
     for method in timed["methods"]:
         t = totals[method]

@@ -19,10 +19,11 @@ from mathagent.serving.engine.kv_cache import KVCache
 from mathagent.serving.engine.model import ForwardContext, Transformer, rope_table
 from mathagent.serving.engine.sampler import Sampler, SamplingBatch
 from mathagent.serving.engine.sequence import Sequence
+from mathagent.serving.engine.transfer import to_device
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
-    from mathagent.serving.engine.cuda.lookahead import GreedyLookahead
+    from mathagent.serving.engine.cuda.lookahead import DecodeLookahead
 
 
 class ModelRunner:
@@ -57,14 +58,14 @@ class ModelRunner:
         # Compilation lives here only, so eager and compiled runs can be compared. On CUDA,
         # decode and verify steps replay CUDA graphs; prefill (many tokens) stays eager.
         self.graphs: CudaGraphRunner | None = None
-        self.lookahead: GreedyLookahead | None = None
+        self.lookahead: DecodeLookahead | None = None
         if use_graphs:
             from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
-            from mathagent.serving.engine.cuda.lookahead import GreedyLookahead
+            from mathagent.serving.engine.cuda.lookahead import DecodeLookahead
 
             slots = config.max_batch_size  # the scratch slot is the one past the sequences'
             self.graphs = CudaGraphRunner(model, self.cache, self.cos, self.sin, slots, slots)
-            self.lookahead = GreedyLookahead(self.graphs)
+            self.lookahead = DecodeLookahead(self.graphs, self._feed_launched)
         if (
             config.pack_weights
             and config.device.type == "cpu"
@@ -216,18 +217,24 @@ class ModelRunner:
         return self.sample(logits[:, -1], seqs)
 
     def _decode_graphs(self, seqs: list[Sequence], slots: list[int], ahead: bool) -> list[int]:
-        """Decode through the CUDA graphs from host values; greedy rows keep a step in flight."""
+        """Decode through the CUDA graphs from host values, with a step in flight (greedy or
+        sampled rows; feature sinks fed right after each replay)."""
         assert self.graphs is not None and self.lookahead is not None
         positions = [s.num_cached for s in seqs]
         tokens = [s.last_token for s in seqs]
-        if all(s.params.greedy for s in seqs) and not self.feature_sinks:
-            return self.lookahead.decode(tokens, positions, slots, ahead)
-        self.lookahead.drop()  # a sink reads this step's kept streams: no step may overwrite them
-        logits, _ = self.graphs.run_decode(tokens, positions, slots)
-        if self.feature_sinks:
-            write = torch.tensor(positions, device=self.device)[:, None]
+        sampling = None
+        if not all(s.params.greedy for s in seqs):
+            sampling = SamplingBatch.build(
+                [s.params for s in seqs], [s.generator for s in seqs], self.device
+            )
+        return self.lookahead.decode(tokens, positions, slots, ahead, sampling)
+
+    def _feed_launched(self, slots: list[int], positions: list[int]) -> None:
+        """A launched decode step's kept streams to the feature sinks (EAGLE-3), queued before
+        the next step can overwrite them."""
+        if self.feature_sinks and self.graphs is not None and self.graphs.captured is not None:
+            write = to_device(positions, torch.long, self.device)[:, None]
             self._feed(slots, write, self.graphs.captured)
-        return self.sample(logits[:, -1], seqs)
 
     def _feed(self, slots: list[int], write: torch.Tensor, captured: torch.Tensor | None) -> None:
         """Hand a forward's kept streams to the feature sinks (EAGLE-3), if any."""

@@ -3,15 +3,38 @@
 Each request owns a ``torch.Generator``; only the single uniform draw per row uses it, so a
 seeded request yields the same tokens whatever else shares its batch. :meth:`Sampler.probs`
 is public because speculative verification needs the same warped distribution.
+
+The warp never reads the device to decide what to run: which cuts a batch needs (:class:`Cuts`)
+is known on the host from the requests' parameters, so the same code runs eagerly, behind a
+decode step already in flight, and inside a captured CUDA graph (where :class:`Cuts` is part of
+the graph's key). Both cuts come from one descending order of the logits: a full sort when
+some row cuts by top-p, else ``topk`` of the largest top-k asked. A batch of plain temperature
+rows sorts nothing (on the H200 the two sorts of a 49152-word vocabulary were 0.4-0.6 ms of a
+step, benchmarks/GPU_NOTES.md run 65).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from mathagent.serving.engine.sampling_params import SamplingParams
+from mathagent.serving.engine.transfer import to_device
+
+
+@dataclass(frozen=True)
+class Cuts:
+    """The cuts a batch's warp runs: the largest top-k a row asks (0: none), and whether a
+    row asks for top-p. Rows that ask for neither are left whole by them."""
+
+    top_k: int = 0
+    top_p: bool = False
+
+    @classmethod
+    def of(cls, params: list[SamplingParams]) -> Cuts:
+        return cls(max((p.top_k for p in params), default=0), any(p.top_p < 1.0 for p in params))
 
 
 @dataclass
@@ -23,6 +46,7 @@ class SamplingBatch:
     top_k: torch.Tensor  # [B] int64, 0 = off
     generators: list[torch.Generator | None]  # None for greedy rows
     all_greedy: bool
+    cuts: Cuts = field(default_factory=Cuts)
 
     @classmethod
     def build(
@@ -31,14 +55,16 @@ class SamplingBatch:
         generators: list[torch.Generator | None],
         device: torch.device,
     ) -> SamplingBatch:
-        """Collect the rows' parameters into tensors."""
+        """Collect the rows' parameters into tensors (copied without waiting on the device,
+        so a step already launched keeps running)."""
         temps = [0.0 if p.greedy else p.temperature for p in params]
         return cls(
-            temperature=torch.tensor(temps, dtype=torch.float32, device=device),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-            top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+            temperature=to_device(temps, torch.float32, device),
+            top_p=to_device([p.top_p for p in params], torch.float32, device),
+            top_k=to_device([p.top_k for p in params], torch.int64, device),
             generators=generators,
             all_greedy=all(t == 0.0 for t in temps),
+            cuts=Cuts.of(params),
         )
 
 
@@ -49,46 +75,81 @@ class Sampler:
         greedy = logits.argmax(dim=-1)  # [B]
         if batch.all_greedy:
             return greedy
-        probs = self.probs(logits, batch)  # [B, V]
-        sampled = self.sample_from_probs(probs, batch.generators)
+        u = self.draw(batch.generators).to(logits.device)
+        return self.sample(logits, batch, u, greedy)
+
+    @classmethod
+    def sample(
+        cls, logits: torch.Tensor, batch: SamplingBatch, u: torch.Tensor, greedy: torch.Tensor
+    ) -> torch.Tensor:
+        """Tokens ``[B]``: ``greedy`` where the temperature is 0, else the warped law sampled
+        at the uniforms ``u [B]`` (no host sync: runs behind a launched step)."""
+        sampled = cls.sample_at(cls.probs(logits, batch), u)
         return torch.where(batch.temperature == 0.0, greedy, sampled)
 
     @staticmethod
-    def probs(logits: torch.Tensor, batch: SamplingBatch, static: bool = False) -> torch.Tensor:
+    def probs(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
         """Probabilities ``[B, V]`` after temperature, top-k and top-p (greedy rows: t=1).
 
-        ``static``: both cuts run whatever the rows ask (a row with top-k 0 or top-p 1 is left
-        whole by them), so nothing waits on the device: a captured CUDA graph runs it.
+        A token is kept when its logit is at least the row's floor: the k-th largest logit,
+        and the last one (in descending order) whose preceding mass is below top_p; ties
+        with the floor are kept.
         """
         temp = torch.where(batch.temperature > 0, batch.temperature, 1.0)
         logits = logits.float() / temp[:, None]
-        vocab = logits.shape[-1]
-        if static or bool((batch.top_k > 0).any()):
-            k = torch.where(batch.top_k > 0, batch.top_k, vocab).clamp(max=vocab)
-            kth = logits.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if static or bool((batch.top_p < 1.0).any()):
-            sorted_logits, order = logits.sort(dim=-1, descending=True)
-            cum = sorted_logits.softmax(-1).cumsum(-1)
-            # Keep a token while the mass before it is below top_p (always keeps the first);
-            # a row at top_p 1 keeps everything (its float32 sum may reach 1 before the tail).
-            drop_sorted = (cum - sorted_logits.softmax(-1)) >= batch.top_p[:, None]
-            drop_sorted &= (batch.top_p < 1.0)[:, None]
-            drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-            logits = logits.masked_fill(drop, float("-inf"))
+        floor = _floor(logits, batch)
+        if floor is not None:
+            logits = logits.masked_fill(logits < floor, float("-inf"))
         return logits.softmax(dim=-1)
 
     @staticmethod
-    def sample_from_probs(
-        probs: torch.Tensor, generators: list[torch.Generator | None]
-    ) -> torch.Tensor:
-        """Inverse-CDF sampling, one uniform draw per row from that row's generator."""
-        # Generators live on the CPU so a request's draws do not depend on the device.
+    def draw(generators: list[torch.Generator | None]) -> torch.Tensor:
+        """One uniform per row from that row's generator (0 for rows without one), on the CPU:
+        generators live there so a request's draws do not depend on the device."""
         draws = [
             torch.rand(1, generator=g) if g is not None else torch.zeros(1) for g in generators
         ]
-        u = torch.cat(draws).to(probs.device)  # [B]
+        return torch.cat(draws) if draws else torch.zeros(0)
+
+    @staticmethod
+    def sample_at(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Inverse-CDF sampling of each row of ``probs [B, V]`` at its uniform ``u [B]``."""
         cdf = probs.cumsum(dim=-1)
-        u = u * cdf[:, -1]  # normalise away float drift in the total mass
+        u = u.to(cdf.dtype) * cdf[:, -1]  # normalise away float drift in the total mass
         idx = torch.searchsorted(cdf, u[:, None], right=True).squeeze(1)
         return idx.clamp(max=probs.shape[-1] - 1)
+
+    @classmethod
+    def sample_from_probs(
+        cls, probs: torch.Tensor, generators: list[torch.Generator | None]
+    ) -> torch.Tensor:
+        """Inverse-CDF sampling, one uniform draw per row from that row's generator."""
+        return cls.sample_at(probs, cls.draw(generators).to(probs.device))
+
+
+def _floor(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor | None:
+    """Each row's smallest kept logit ``[B, 1]`` under its top-k and top-p (-inf: no cut),
+    or None when no row of the batch cuts."""
+    cuts = batch.cuts
+    if not cuts.top_k and not cuts.top_p:
+        return None
+    vocab = logits.shape[-1]
+    if cuts.top_p:
+        ordered = logits.sort(dim=-1, descending=True).values
+    else:
+        ordered = logits.topk(min(cuts.top_k, vocab), dim=-1).values  # sorted, descending
+    none = torch.full_like(ordered[:, :1], float("-inf"))
+    floor = none
+    if cuts.top_k:
+        k = batch.top_k.clamp(min=1, max=ordered.shape[-1])
+        kth = ordered.gather(1, (k - 1)[:, None])
+        floor = torch.where((batch.top_k > 0)[:, None], kth, none)
+        ordered = ordered.masked_fill(ordered < floor, float("-inf"))
+    if cuts.top_p:
+        mass = ordered.softmax(-1)
+        before = F.pad(mass.cumsum(-1)[:, :-1], (1, 0))  # mass before each token: rising
+        # at least the first token: a graph's warm-up runs on zeros (top_p 0)
+        kept = (before < batch.top_p[:, None]).sum(-1, keepdim=True).clamp(min=1)
+        last = ordered.gather(1, kept - 1)
+        floor = torch.where((batch.top_p < 1.0)[:, None], torch.maximum(floor, last), floor)
+    return floor

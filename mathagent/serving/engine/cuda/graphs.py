@@ -148,14 +148,6 @@ class CudaGraphRunner:
         # the graph's memory; logits (and ``captured``) are read before the next step.
         return logits[:rows, :width], hidden[:rows, :width].clone()
 
-    @torch.inference_mode()
-    def run_decode(
-        self, tokens: list[int], positions: list[int], slots: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A one-token-per-row step from host values: one host-to-device copy, one replay."""
-        logits, hidden = self.launch_decode(tokens, positions, slots)
-        return logits, hidden
-
     def launch_decode(
         self, tokens: list[int] | torch.Tensor, positions: list[int], slots: list[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
+from mathagent.serving.engine.sampler import Cuts
 from mathagent.serving.engine.sampling_params import SamplingParams
 from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
 from mathagent.serving.engine.spec_decode.tree_batch import (
@@ -39,6 +40,20 @@ if TYPE_CHECKING:
 
 # A sampled row's warp and generator (None: a greedy row).
 RowSampling = tuple[SamplingParams, torch.Generator | None] | None
+# A step graph's key: (batch bucket, k, the cuts of its sampled rows; None: all greedy)
+GraphKey = tuple[int, int, Cuts | None]
+
+
+def cuts_of(sampling: list[RowSampling] | None) -> Cuts | None:
+    """The warp a batch's graph runs: None when every row is greedy, else the cuts its
+    sampled rows ask for (a batch of plain temperature rows sorts nothing)."""
+    params = [s[0] for s in sampling or () if s is not None]
+    return Cuts.of(params) if params else None
+
+
+def sampling_of(rows: list[SpecRow]) -> list[RowSampling]:
+    """Each row's warp and generator (None for a greedy row)."""
+    return [None if r.greedy else (r.seq.params, r.seq.generator) for r in rows]
 
 
 @dataclass
@@ -146,7 +161,7 @@ class _Launch:
     """One replayed step: where its outcome lands and, for a step launched ahead, the inputs
     it ran on once the host knows them."""
 
-    key: tuple[int, int, bool]  # (bucket, k, sampled)
+    key: GraphKey
     host: Tensor  # [bucket, 2 + k] pinned copy of the outcome
     last: Tensor  # [rows, H] the hidden state at each row's last accepted node
     done: torch.cuda.Event
@@ -173,7 +188,7 @@ class _Graph:
 
 
 class ChainStep:
-    """Whole chain steps of ``drafter`` on ``graphs``; one graph per (bucket, k, sampled).
+    """Whole chain steps of ``drafter`` on ``graphs``; one graph per (bucket, k, cuts).
 
     A batch with sampled rows takes a graph that also accepts by lossless speculative sampling
     (:func:`~.tree_batch.accept_sampled`: the chain's drafts are deterministic, q one-hot), at
@@ -186,7 +201,7 @@ class ChainStep:
         self.drafter = drafter
         self.graphs = graphs
         self.width = width  # chains per row the drafter returns (a tree when > 1)
-        self._graphs: dict[tuple[int, int, bool], _Graph] = {}  # (bucket, k, sampled)
+        self._graphs: dict[GraphKey, _Graph] = {}
         self._ahead: _Launch | None = None  # a step launched before its inputs were read
         self.claimed = 0  # steps launched ahead and then used (tests and benchmarks read it)
         self.sampled_launches = 0  # replays of graphs with sampled rows (tests read it)
@@ -200,9 +215,10 @@ class ChainStep:
         """Whether :meth:`step` takes ``rows`` rows drafting ``k`` (a captured verify shape)."""
         return self.graphs.accepts(rows, 1 + self.width * k)  # the step's own verify shape
 
-    def prepare(self, rows: int, k: int, sampled: bool = False) -> None:
-        """Capture the step of ``rows`` rows drafting ``k`` now (a warm-up outside timing)."""
-        key = (self.graphs.bucket(rows), k, sampled)
+    def prepare(self, rows: int, k: int, cuts: Cuts | None = None) -> None:
+        """Capture the step of ``rows`` rows drafting ``k`` now (a warm-up outside timing);
+        ``cuts``: with sampled acceptance and this warp (None: all rows greedy)."""
+        key = (self.graphs.bucket(rows), k, cuts)
         if key not in self._graphs:
             self._capture(*key)
 
@@ -221,10 +237,11 @@ class ChainStep:
         must have room for ``2 (k + 1)`` more positions). ``sampling``: per row its warp and
         generator, None for a greedy row."""
         rows = len(slots)
-        if sampling is not None and all(s is None for s in sampling):
+        cuts = cuts_of(sampling)
+        if cuts is None:
             sampling = None  # every row greedy: the greedy graph
-        key = (self.graphs.bucket(rows), k, sampling is not None)
-        self.prepare(rows, k, sampling is not None)
+        key = (self.graphs.bucket(rows), k, cuts)
+        self.prepare(rows, k, cuts)
         launch, self._ahead = self._ahead, None
         if launch is None or launch.key != key or launch.expect != (slots, starts, windows):
             self._fill(key, slots, starts, windows)
@@ -254,8 +271,7 @@ class ChainStep:
         for row in rows if before is not None else ():
             before(row)
         slots, starts, windows = windows_of(rows, k)
-        sampling = [None if r.greedy else (r.seq.params, r.seq.generator) for r in rows]
-        host, last = self.step(slots, starts, windows, k, ahead, sampling)
+        host, last = self.step(slots, starts, windows, k, ahead, sampling_of(rows))
         drafts = [Draft(torch.tensor([w[-1:] + [0] * k])) for w in windows]  # shapes only
         return drafts, host, last
 
@@ -263,7 +279,7 @@ class ChainStep:
         """Forget a step launched ahead (the batch changed, or the next step is not this one)."""
         self._ahead = None
 
-    def _fill(self, key: tuple[int, int, bool], slots: list[int], starts: list[int],
+    def _fill(self, key: GraphKey, slots: list[int], starts: list[int],
               windows: list[list[int]]) -> None:  # fmt: skip
         """Copy the rows' inputs (padded rows on the scratch slot) into the graph's, in one copy."""
         g = self._graphs[key]
@@ -281,7 +297,7 @@ class ChainStep:
         g.copied = torch.cuda.Event()
         g.copied.record()
 
-    def _fill_sampling(self, key: tuple[int, int, bool], sampling: list[RowSampling]) -> None:
+    def _fill_sampling(self, key: GraphKey, sampling: list[RowSampling]) -> None:
         """Each row's warp and ``k + 1`` fresh uniforms from its generator (padded and greedy
         rows: temperature 0) into the graph's sampling buffer, in one copy."""
         g = self._graphs[key]
@@ -304,12 +320,12 @@ class ChainStep:
         g.sampling_copied[0] = torch.cuda.Event()
         g.sampling_copied[0].record()
 
-    def _launch(self, key: tuple[int, int, bool], rows: int) -> _Launch:
+    def _launch(self, key: GraphKey, rows: int) -> _Launch:
         """Replay, then queue the copy of the outcome out of the graph's buffers (the next
         replay overwrites them) into the pinned buffer not used last time."""
         g = self._graphs[key]
         g.graph.replay()
-        self.sampled_launches += key[2]
+        self.sampled_launches += key[2] is not None
         g.pinned.reverse()
         host = g.pinned[0]
         host.copy_(g.outcome, non_blocking=True)
@@ -319,8 +335,9 @@ class ChainStep:
         return _Launch(key, host, last, done)
 
     def _body(
-        self, inp: ChainInputs, k: int, verify: object, sampling: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
+        self, inp: ChainInputs, k: int, verify: object, sampling: Tensor | None = None,
+        cuts: Cuts | None = None,
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
         """Draft, then verify the chains (a tree of them, nodes written at ``c ..``, the root
         at ``c``; ``verify``: the step's StepInputs), accept (greedily, or by speculative
         sampling for the rows ``sampling`` gives a temperature), move the accepted path's K/V
@@ -341,7 +358,8 @@ class ChainStep:
         accepted, path, tokens = self._accept(tree.beams, logits, tree.parents())  # path [B, 1 + k]
         if sampling is not None:
             greedy = (accepted, path, tokens)
-            accepted, path, tokens = accept_sampled(tree.beams, logits, sampling, greedy)
+            assert cuts is not None
+            accepted, path, tokens = accept_sampled(tree.beams, logits, sampling, greedy, cuts)
         if tree.width > 1:
             forward = self.graphs.forward
             move_path((forward.k, forward.v), inp.slots, c, path)
@@ -366,9 +384,9 @@ class ChainStep:
         inp.start.add_((accepted + 1) * real)
         inp.window.copy_(window)
 
-    def _capture(self, batch: int, k: int, sampled: bool = False) -> None:
-        """Capture the whole step of ``batch`` rows drafting ``k`` (``sampled``: with sampled
-        acceptance); padded rows (and the warm-up) work on the scratch slot, whose inputs
+    def _capture(self, batch: int, k: int, cuts: Cuts | None = None) -> None:
+        """Capture the whole step of ``batch`` rows drafting ``k`` (``cuts``: with sampled
+        acceptance and this warp); padded rows (and the warm-up) work on the scratch slot, whose inputs
         :meth:`advance` leaves alone."""
         from mathagent.serving.engine.cuda.forward import StepInputs
 
@@ -382,10 +400,10 @@ class ChainStep:
         if mask is not None:  # the tree's own mask, the same every step (causal for a chain)
             verify.tree.copy_(mask.to(torch.int8).expand_as(verify.tree))
         sampling = None  # zeros in the warm-up: every row greedy
-        if sampled:
+        if cuts is not None:
             sampling = torch.zeros(batch, SAMPLING_COLUMNS + k + 1, dtype=torch.float64, device=dev)
         graph, (outcome, last) = capture_graph(
-            self.graphs, lambda: self._body(inp, k, verify, sampling)
+            self.graphs, lambda: self._body(inp, k, verify, sampling, cuts)
         )
         staging = torch.zeros(inp.packed.numel(), dtype=torch.long).pin_memory()
         pinned = [torch.zeros(outcome.shape, dtype=torch.long).pin_memory() for _ in range(2)]
@@ -393,4 +411,4 @@ class ChainStep:
         if sampling is not None:
             g.sampling_staging = [torch.zeros_like(sampling, device="cpu").pin_memory()
                                   for _ in range(2)]  # fmt: skip
-        self._graphs[(batch, k, sampled)] = g
+        self._graphs[(batch, k, cuts)] = g

@@ -43,6 +43,7 @@ from mathagent.serving.engine.spec_decode.eagle3_loader import aux_layers
 from mathagent.serving.engine.spec_decode.ngram import NgramProposer
 from mathagent.serving.engine.spec_decode.ngram_device import DeviceNgram
 from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
+from mathagent.serving.engine.transfer import to_device
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.model_runner import ModelRunner
@@ -107,7 +108,7 @@ class Eagle3Proposer:
     @torch.inference_mode()
     def _sink(self, slots: list[int], write: Tensor, captured: Tensor) -> None:
         """Fuse a forward's captured hidden states [B, T, 3H] into the slots' features."""
-        self.fuse(torch.tensor(slots, device=write.device), write, captured)
+        self.fuse(to_device(slots, torch.long, write.device), write, captured)
 
     def fuse(self, slots: Tensor, write: Tensor, captured: Tensor) -> None:
         """``fc`` of the captured streams [B, T, 3H] into the features of ``slots [B]`` at

@@ -19,7 +19,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, ChainStep
+from mathagent.serving.engine.spec_decode.chain_step import (
+    ChainInputs,
+    ChainStep,
+    cuts_of,
+    sampling_of,
+)
 from mathagent.serving.engine.spec_decode.ngram import NgramProposer
 from mathagent.serving.engine.spec_decode.proposal import SpecRow
 
@@ -110,7 +115,7 @@ class FusedNgram:
             self.steps.drop()
             return None
         try:
-            self.steps.prepare(len(rows), k, not all(r.greedy for r in rows))
+            self.steps.prepare(len(rows), k, cuts_of(sampling_of(rows)))
         except Exception:  # a new path on a GPU: n-gram still works without it, so say so
             log.exception("n-gram one-graph step failed to capture; drafting on the host")
             self.broken = True

@@ -189,6 +189,7 @@ class Speculator:
                     batch.top_k.expand(rows),
                     [None] * rows,
                     False,
+                    batch.cuts,
                 )
                 return Sampler.probs(logits, expanded)
 

@@ -17,7 +17,7 @@ from functools import cache
 import torch
 from torch import Tensor
 
-from mathagent.serving.engine.sampler import Sampler, SamplingBatch
+from mathagent.serving.engine.sampler import Cuts, Sampler, SamplingBatch
 from mathagent.serving.engine.spec_decode.proposal import Draft
 from mathagent.serving.engine.spec_decode.verify import sample_verify_at
 
@@ -112,23 +112,25 @@ def sampling_row(temperature: float, top_p: float, top_k: int, uniforms: Tensor)
 
 
 def accept_sampled(
-    beams: Tensor, logits: Tensor, sampling: Tensor, greedy: tuple[Tensor, Tensor, Tensor]
-) -> tuple[Tensor, Tensor, Tensor]:
+    beams: Tensor, logits: Tensor, sampling: Tensor, greedy: tuple[Tensor, Tensor, Tensor],
+    cuts: Cuts,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """Rows with a temperature take lossless speculative sampling of their first beam (the
     drafter's chain, drafted deterministically: q one-hot); the others keep ``greedy``, the
     outcome of :func:`accept_longest`. Same outputs as it; no host sync, so it runs inside a
     captured step.
 
-    sampling: ``[B, 3 + D + 1]`` rows of :func:`sampling_row`.
+    sampling: ``[B, 3 + D + 1]`` rows of :func:`sampling_row`; ``cuts``: the cuts any of
+    them asks for (the captured graph's own).
     """
     b, d = beams.shape[0], beams.shape[2] - 1
     temperature, top_p, top_k = sampling[:, :SAMPLING_COLUMNS].T
     per_node = SamplingBatch(
         temperature.float().repeat_interleave(d + 1), top_p.float().repeat_interleave(d + 1),
-        top_k.long().repeat_interleave(d + 1), [], False,
+        top_k.long().repeat_interleave(d + 1), [], False, cuts,
     )  # fmt: skip
     chain = logits[:, : d + 1]  # the root, then beam 0's nodes 1 .. D
-    p = Sampler.probs(chain.reshape(b * (d + 1), -1), per_node, static=True).view(b, d + 1, -1)
+    p = Sampler.probs(chain.reshape(b * (d + 1), -1), per_node).view(b, d + 1, -1)
     verdict = sample_verify_at(beams[:, 0, 1:], p, None, sampling[:, SAMPLING_COLUMNS:])
     steps = torch.arange(d + 1, device=beams.device)
     path = torch.minimum(steps[None], verdict.accepted[:, None])  # beam 0's node j is node j

@@ -92,6 +92,28 @@ def test_eagle3_on_graphs_equals_eager_and_plain(model) -> None:
     assert rel < 1e-4, f"features from the graphs differ from eager: {rel:.2e}"
 
 
+def test_plain_steps_of_an_eagle3_engine_launch_ahead_and_feed_the_head(model) -> None:
+    """Plain decode in an EAGLE-3 engine keeps a step in flight (greedy and sampled), and each
+    launched step's streams still reach the head's features, as the eager engine's do."""
+    from mathagent.serving.engine.sampling_params import SamplingParams
+
+    prompt = torch.randint(0, 2048, (9,), generator=torch.Generator().manual_seed(8)).tolist()
+    for warp in (dict(temperature=0.0), dict(temperature=0.8, top_p=0.9, seed=3)):
+        params = SamplingParams(max_tokens=24, ignore_eos=True, **warp)
+        runs = {}
+        for eager in (True, False):
+            engine, proposer = _engine(model, eager)
+            claimed = 0 if eager else engine.runner.lookahead.claimed
+            out = engine.generate([prompt], params)[0].token_ids
+            if not eager:
+                assert engine.runner.lookahead.claimed - claimed >= 20, "no step launched ahead"
+            runs[eager] = (out, proposer.feats[0, : len(prompt) + 23].clone())
+            model.capture = ()
+        assert runs[False][0] == runs[True][0], warp
+        rel = (runs[False][1] - runs[True][1]).norm() / runs[True][1].norm()
+        assert rel < 1e-4, f"features of launched-ahead steps differ from eager: {rel:.2e}"
+
+
 def test_batched_chain_graphs_draft_as_eager_for_padded_batches(model) -> None:
     """Three rows in the batch-4 bucket (one padded row on the scratch slot): the captured
     step drafts and accepts what the eager engine does, and output stays plain greedy."""

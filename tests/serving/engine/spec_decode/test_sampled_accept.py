@@ -3,14 +3,16 @@
 :func:`accept_sampled` is what a :class:`ChainStep` graph runs for a batch with sampled rows: it
 must give greedy rows the greedy outcome and sampled rows exactly what the host path's rule
 (:func:`sample_verify` on the chain, the warp of :meth:`Sampler.probs`) gives at the same
-uniforms. The static warp (no data-dependent branches) must equal the branching one.
+uniforms. The warp (one order of the logits for both cuts, none when no row cuts) must follow the
+sorted rule.
 """
 
 from __future__ import annotations
 
 import torch
 
-from mathagent.serving.engine.sampler import Sampler, SamplingBatch
+from mathagent.serving.engine.sampler import Cuts, Sampler, SamplingBatch
+from mathagent.serving.engine.sampling_params import SamplingParams
 from mathagent.serving.engine.spec_decode.tree_batch import (
     accept_longest,
     accept_sampled,
@@ -23,20 +25,58 @@ VOCAB = 50
 
 
 def _batch(temps, top_ps, top_ks) -> SamplingBatch:
-    return SamplingBatch(torch.tensor(temps), torch.tensor(top_ps), torch.tensor(top_ks), [], False)
+    cuts = Cuts(max(top_ks), any(p < 1.0 for p in top_ps))
+    return SamplingBatch(
+        torch.tensor(temps), torch.tensor(top_ps), torch.tensor(top_ks), [], False, cuts
+    )
 
 
-def test_the_static_warp_equals_the_branching_one() -> None:
+def _sorted_rule(logits, temps, top_ps, top_ks) -> torch.Tensor:
+    """The warp as the rule reads, one row at a time over a full descending sort: temperature,
+    keep the k largest, then keep a token while the mass before it is below top-p."""
+    out = []
+    for row, t, top_p, top_k in zip(logits, temps, top_ps, top_ks, strict=True):
+        row = row / (t if t > 0 else 1.0)
+        order = row.argsort(descending=True)
+        keep = torch.ones_like(row, dtype=torch.bool)
+        if top_k:
+            keep[order[top_k:]] = False
+        if top_p < 1.0:
+            mass = row.masked_fill(~keep, float("-inf")).softmax(-1)[order]
+            before = mass.cumsum(0) - mass
+            keep[order[before >= top_p]] = False
+        out.append(row.masked_fill(~keep, float("-inf")).softmax(-1))
+    return torch.stack(out)
+
+
+def test_the_warp_follows_the_sorted_rule_from_one_order() -> None:
     gen = torch.Generator().manual_seed(0)
-    logits = torch.randn(4, VOCAB, generator=gen) * 3
-    for batch in (
-        _batch([0.7, 1.0, 0.0, 1.3], [0.9, 1.0, 0.8, 1.0], [0, 5, 3, 0]),
-        _batch([0.7, 1.0, 0.5, 1.3], [1.0, 1.0, 1.0, 1.0], [0, 0, 0, 0]),  # no cut asked
-    ):
-        static = Sampler.probs(logits, batch, static=True)
-        assert torch.allclose(static, Sampler.probs(logits, batch), atol=1e-7)
-    whole = Sampler.probs(logits, _batch([1.0] * 4, [1.0] * 4, [0] * 4), static=True)
+    for trial in range(20):
+        logits = torch.randn(4, VOCAB, generator=gen) * 3
+        for warp in (
+            ([0.7, 1.0, 0.0, 1.3], [0.9, 1.0, 0.8, 1.0], [0, 5, 3, 0]),  # both cuts, mixed rows
+            ([0.7, 1.0, 0.5, 1.3], [1.0, 1.0, 1.0, 1.0], [0, 7, 2, 60]),  # top-k only: topk
+            ([0.7, 1.0, 0.5, 1.3], [0.5, 1.0, 0.99, 0.2], [0, 0, 0, 0]),  # top-p only
+            ([0.7, 1.0, 0.5, 1.3], [1.0, 1.0, 1.0, 1.0], [0, 0, 0, 0]),  # no cut: no order
+        ):
+            got = Sampler.probs(logits, _batch(*warp))
+            assert torch.allclose(got, _sorted_rule(logits, *warp), atol=1e-6), (trial, warp)
+    whole = Sampler.probs(logits, _batch([1.0] * 4, [1.0] * 4, [0] * 4))
     assert torch.allclose(whole, logits.softmax(-1), atol=1e-7)  # top-p 1 keeps every token
+
+
+def test_a_batch_without_cuts_sorts_nothing(monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("sorted a batch that asks for no cut")
+
+    monkeypatch.setattr(torch.Tensor, "sort", refuse)
+    monkeypatch.setattr(torch.Tensor, "topk", refuse)
+    logits = torch.randn(3, VOCAB)
+    params = [SamplingParams(temperature=t) for t in (0.5, 1.0, 0.0)]
+    batch = SamplingBatch.build(params, [None] * 3, torch.device("cpu"))
+    assert batch.cuts == Cuts()
+    probs = Sampler.probs(logits, batch)
+    assert torch.allclose(probs[0], (logits[0] / 0.5).softmax(-1))
 
 
 def test_sample_verify_draws_its_uniforms_from_the_generator() -> None:
@@ -79,7 +119,8 @@ def test_sampled_rows_follow_the_host_rule_and_greedy_rows_stay_greedy() -> None
             sampling_row(0.0, 1.0, 0, draws[b]) if w is None else sampling_row(*w, draws[b])
             for b, w in enumerate(warps)
         ])  # fmt: skip
-        accepted, path, tokens = accept_sampled(beams, logits, sampling, greedy)
+        cuts = Cuts(10, True)
+        accepted, path, tokens = accept_sampled(beams, logits, sampling, greedy, cuts)
         for b, w in enumerate(warps):
             if w is None:
                 assert accepted[b] == greedy[0][b] and torch.equal(path[b], greedy[1][b])
@@ -104,7 +145,7 @@ def test_the_first_committed_token_follows_the_warped_target() -> None:
         n, depth + 1, generator=torch.Generator().manual_seed(4), dtype=torch.float64
     )
     sampling = torch.stack([sampling_row(0.9, 1.0, 0, draws[b]) for b in range(n)])
-    _, _, tokens = accept_sampled(beams, logits, sampling, greedy)
+    _, _, tokens = accept_sampled(beams, logits, sampling, greedy, Cuts())
     law = Sampler.probs(logits[:1, 0], _batch([0.9], [1.0], [0]))[0]
     counts = torch.bincount(tokens[:, 0], minlength=VOCAB)
     assert chi_square_p(counts, law) > 0.01
