@@ -57,6 +57,10 @@ class ModelRunner:
             torch.backends.cuda.enable_cudnn_sdp(False)
         # Compilation lives here only, so eager and compiled runs can be compared. On CUDA,
         # decode and verify steps replay CUDA graphs; prefill (many tokens) stays eager.
+        # called after every forward with device tensors (slots [B], write positions [B, T],
+        # captured streams): the eager model's ``captured`` or the CUDA graph's kept copy; a
+        # decode step's tail graph calls them too (cuda/lookahead.py)
+        self.feature_sinks: list[Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]] = []
         self.graphs: CudaGraphRunner | None = None
         self.lookahead: DecodeLookahead | None = None
         if use_graphs:
@@ -65,7 +69,7 @@ class ModelRunner:
 
             slots = config.max_batch_size  # the scratch slot is the one past the sequences'
             self.graphs = CudaGraphRunner(model, self.cache, self.cos, self.sin, slots, slots)
-            self.lookahead = DecodeLookahead(self.graphs, self._feed_launched)
+            self.lookahead = DecodeLookahead(self.graphs, self.feature_sinks)
         if (
             config.pack_weights
             and config.device.type == "cpu"
@@ -74,9 +78,6 @@ class ModelRunner:
         ):
             packed_linear.pack_linears(model)
         compiled = not config.eager and not use_graphs
-        # called after every forward with (slots, write positions [B, T], captured streams):
-        # the eager model's ``captured`` or the CUDA graph's kept copy of them
-        self.feature_sinks: list[Callable[[list[int], torch.Tensor, torch.Tensor], None]] = []
         self._model = torch.compile(model, dynamic=True) if compiled else model
 
     @torch.inference_mode()
@@ -218,30 +219,20 @@ class ModelRunner:
 
     def _decode_graphs(self, seqs: list[Sequence], slots: list[int], ahead: bool) -> list[int]:
         """Decode through the CUDA graphs from host values, with a step in flight (greedy or
-        sampled rows; feature sinks fed right after each replay)."""
+        sampled rows; the feature sinks fed inside the step's tail graph)."""
         assert self.graphs is not None and self.lookahead is not None
         positions = [s.num_cached for s in seqs]
         tokens = [s.last_token for s in seqs]
-        sampling = None
-        if not all(s.params.greedy for s in seqs):
-            sampling = SamplingBatch.build(
-                [s.params for s in seqs], [s.generator for s in seqs], self.device
-            )
+        sampling = [None if s.params.greedy else (s.params, s.generator) for s in seqs]
         return self.lookahead.decode(tokens, positions, slots, ahead, sampling)
-
-    def _feed_launched(self, slots: list[int], positions: list[int]) -> None:
-        """A launched decode step's kept streams to the feature sinks (EAGLE-3), queued before
-        the next step can overwrite them."""
-        if self.feature_sinks and self.graphs is not None and self.graphs.captured is not None:
-            write = to_device(positions, torch.long, self.device)[:, None]
-            self._feed(slots, write, self.graphs.captured)
 
     def _feed(self, slots: list[int], write: torch.Tensor, captured: torch.Tensor | None) -> None:
         """Hand a forward's kept streams to the feature sinks (EAGLE-3), if any."""
-        if captured is None:
+        if captured is None or not self.feature_sinks:
             return
+        slot_ids = to_device(slots, torch.long, write.device)
         for sink in self.feature_sinks:
-            sink(slots, write, captured)
+            sink(slot_ids, write, captured)
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         """Sample one token per row of ``logits [B, V]`` with each sequence's parameters."""

@@ -36,6 +36,16 @@ class Cuts:
     def of(cls, params: list[SamplingParams]) -> Cuts:
         return cls(max((p.top_k for p in params), default=0), any(p.top_p < 1.0 for p in params))
 
+    @classmethod
+    def of_rows(cls, sampling: list[RowSampling] | None) -> Cuts | None:
+        """The warp of a batch's rows: None when every row is greedy (or no list)."""
+        params = [s[0] for s in sampling or () if s is not None]
+        return cls.of(params) if params else None
+
+
+# A sampled row's parameters and generator (None: a greedy row).
+RowSampling = tuple[SamplingParams, torch.Generator | None] | None
+
 
 @dataclass
 class SamplingBatch:
@@ -66,6 +76,11 @@ class SamplingBatch:
             all_greedy=all(t == 0.0 for t in temps),
             cuts=Cuts.of(params),
         )
+
+    @classmethod
+    def of_table(cls, table: torch.Tensor, cuts: Cuts) -> SamplingBatch:
+        """A batch from a device table of :meth:`Sampler.table` rows (inside a captured graph)."""
+        return cls(table[:, 0].float(), table[:, 1].float(), table[:, 2].long(), [], False, cuts)
 
 
 class Sampler:
@@ -110,6 +125,20 @@ class Sampler:
             torch.rand(1, generator=g) if g is not None else torch.zeros(1) for g in generators
         ]
         return torch.cat(draws) if draws else torch.zeros(0)
+
+    @staticmethod
+    def table(sampling: list[RowSampling], rows: int) -> torch.Tensor:
+        """Per row its temperature, top-p, top-k and a uniform its generator draws now
+        (``[rows, 4]`` float64 on the host; greedy rows: temperature 0, no draw)."""
+        out = torch.zeros(rows, 4, dtype=torch.float64)
+        out[:, 1] = 1.0
+        for i, row in enumerate(sampling[:rows]):
+            if row is None or row[0].greedy:
+                continue
+            params, gen = row
+            u = float(torch.rand(1, generator=gen)) if gen is not None else 0.0
+            out[i] = torch.tensor([params.temperature, params.top_p, float(params.top_k), u])
+        return out
 
     @staticmethod
     def sample_at(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

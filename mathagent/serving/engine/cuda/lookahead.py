@@ -1,6 +1,6 @@
 """Decode with the next step already on the GPU while the host handles this one.
 
-A batch-1 decode step on the CUDA path is a few milliseconds of GPU work plus ~0.1 ms of host
+A batch-1 decode step on the CUDA path is a fraction of a millisecond of GPU work plus host
 work (scheduling, detokenising, stop checks) during which the GPU would sit idle. The next
 step's inputs are known on the device as soon as this step's tokens are: the argmax for greedy
 rows, and for sampled rows the warped law sampled at a uniform the row's generator drew on the
@@ -10,6 +10,11 @@ for exactly that step (same slots, positions and tokens); otherwise it is droppe
 step only wrote K/V at positions the real step rewrites, or in freed slots; a dropped sampled
 step has used its rows' draws, so a seeded request's tokens follow the same law but may differ
 from a run that never launched ahead.
+
+What follows the model's graph is a graph too (the *tail*, one per batch bucket, warp and
+feature sinks): feeding the kept streams to the sinks (EAGLE-3's features), the argmax and
+the sampling. Run eagerly, its ~20 small launches were host time the step did not hide: at T
+0.7 the default model decoded 1115 tok/s against 1623 greedy (benchmarks/GPU_NOTES.md run 66).
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ from dataclasses import dataclass
 import torch
 
 from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
-from mathagent.serving.engine.sampler import Sampler, SamplingBatch
+from mathagent.serving.engine.sampler import Cuts, RowSampling, Sampler, SamplingBatch
+
+# A feature sink: (slots [B], write positions [B, T], kept streams [B, T, n*H]), device work.
+Sink = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 @dataclass
@@ -35,19 +43,25 @@ class _Step:
     done: torch.cuda.Event
 
 
+@dataclass
+class _Tail:
+    """The captured work after one decode graph: its source, inputs and output."""
+
+    source: tuple  # the decode graph's entry it reads (recaptured if the runner's changed)
+    graph: torch.cuda.CUDAGraph
+    table: torch.Tensor  # [bucket, 4] float64: temperature, top-p, top-k, uniform per row
+    tokens: torch.Tensor  # [bucket]
+
+
 class DecodeLookahead:
     """Runs one-token steps through ``graphs`` with one step in flight."""
 
-    def __init__(
-        self, graphs: CudaGraphRunner,
-        launched: Callable[[list[int], list[int]], None] | None = None,
-    ) -> None:  # fmt: skip
+    def __init__(self, graphs: CudaGraphRunner, sinks: list[Sink] | None = None) -> None:
         self.graphs = graphs
-        # runs right after each replay, before the next one can overwrite the graph's buffers:
-        # the runner feeds the kept streams to its feature sinks there (device work, no sync)
-        self.launched = launched
+        self.sinks = sinks if sinks is not None else []  # the runner's own list: may grow
         self.ahead: _Step | None = None
         self.claimed = 0  # steps launched ahead and then used (tests and benchmarks read it)
+        self._tails: dict[tuple[int, Cuts | None, int], _Tail] = {}  # (bucket, cuts, sinks)
 
     def drop(self) -> None:
         """Forget the step in flight (anything else touching the cache calls this first)."""
@@ -56,11 +70,11 @@ class DecodeLookahead:
     @torch.inference_mode()
     def decode(
         self, tokens: list[int], positions: list[int], slots: list[int], ahead: bool = True,
-        sampling: SamplingBatch | None = None,
+        sampling: list[RowSampling] | None = None,
     ) -> list[int]:  # fmt: skip
-        """Next tokens of rows at ``positions`` whose last tokens are ``tokens`` (greedy, or
-        as ``sampling`` says); with ``ahead`` the next step is launched before this one is
-        read."""
+        """Next tokens of rows at ``positions`` whose last tokens are ``tokens``: greedy, or
+        per row as ``sampling`` says (its warp and generator; None for a greedy row); with
+        ``ahead`` the next step is launched before this one is read."""
         step, self.ahead = self.ahead, None
         if step is None or (step.slots, step.positions, step.tokens) != (slots, positions, tokens):
             step = self._launch(tokens, positions, slots, sampling)
@@ -77,19 +91,59 @@ class DecodeLookahead:
 
     def _launch(
         self, tokens: list[int] | torch.Tensor, positions: list[int], slots: list[int],
-        sampling: SamplingBatch | None,
+        sampling: list[RowSampling] | None,
     ) -> _Step:  # fmt: skip
-        logits, _ = self.graphs.launch_decode(tokens, positions, slots)
-        if self.launched is not None:
-            self.launched(slots, positions)
-        last = logits[:, -1]
-        device_tokens = last.argmax(dim=-1)  # [rows], as the sampler's greedy rows
-        if sampling is not None and not sampling.all_greedy:
-            u = Sampler.draw(sampling.generators).pin_memory().to(last.device, non_blocking=True)
-            device_tokens = Sampler.sample(last, sampling, u, device_tokens)
-        host_tokens = torch.empty(len(positions), dtype=torch.long, pin_memory=logits.is_cuda)
+        rows = len(positions)
+        bucket = self.graphs.bucket(rows)
+        cuts = Cuts.of_rows(sampling)
+        self.graphs.launch_decode(tokens, positions, slots)
+        tail = self._tail(bucket, cuts)
+        if cuts is not None:
+            table = torch.zeros(bucket, 4, dtype=torch.float64)  # padded rows: greedy
+            table[:rows] = Sampler.table(sampling or [], rows)
+            tail.table.copy_(table.pin_memory(), non_blocking=True)
+        tail.graph.replay()
+        device_tokens = tail.tokens[:rows].clone()  # the next replay overwrites the graph's
+        host_tokens = torch.empty(rows, dtype=torch.long, pin_memory=True)
         host_tokens.copy_(device_tokens, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
         known = tokens if isinstance(tokens, list) else None
         return _Step(slots, positions, known, device_tokens, host_tokens, done)
+
+    def _tail(self, bucket: int, cuts: Cuts | None) -> _Tail:
+        """The tail after the decode graph of ``bucket`` rows, captured now if new (or if the
+        runner captured its decode graph again)."""
+        key = (bucket, cuts, len(self.sinks))
+        source = self.graphs.graphs[(bucket, 1)]
+        tail = self._tails.get(key)
+        if tail is None or tail.source is not source:
+            tail = self._capture(source, bucket, cuts)
+            self._tails[key] = tail
+        return tail
+
+    def _capture(self, source: tuple, bucket: int, cuts: Cuts | None) -> _Tail:
+        _, inp, (logits, _, captured) = source
+        table = torch.zeros(bucket, 4, dtype=torch.float64, device=logits.device)
+        sinks = list(self.sinks)
+
+        def body() -> torch.Tensor:
+            for sink in sinks:  # padded rows write to the scratch slot
+                sink(inp.slots, inp.write, captured)
+            last = logits[:, -1]
+            greedy = last.argmax(dim=-1)  # as the sampler's greedy rows
+            if cuts is None:
+                return greedy
+            return Sampler.sample(last, SamplingBatch.of_table(table, cuts), table[:, 3], greedy)
+
+        self.graphs.captures += 1
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                body()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.graphs.pool):
+            tokens = body()
+        return _Tail(source, graph, table, tokens)

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
-from mathagent.serving.engine.sampler import Cuts
-from mathagent.serving.engine.sampling_params import SamplingParams
+from mathagent.serving.engine.sampler import Cuts, RowSampling
 from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
 from mathagent.serving.engine.spec_decode.tree_batch import (
     SAMPLING_COLUMNS,
@@ -38,17 +37,8 @@ from mathagent.serving.engine.spec_decode.tree_batch import (
 if TYPE_CHECKING:
     from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
 
-# A sampled row's warp and generator (None: a greedy row).
-RowSampling = tuple[SamplingParams, torch.Generator | None] | None
 # A step graph's key: (batch bucket, k, the cuts of its sampled rows; None: all greedy)
 GraphKey = tuple[int, int, Cuts | None]
-
-
-def cuts_of(sampling: list[RowSampling] | None) -> Cuts | None:
-    """The warp a batch's graph runs: None when every row is greedy, else the cuts its
-    sampled rows ask for (a batch of plain temperature rows sorts nothing)."""
-    params = [s[0] for s in sampling or () if s is not None]
-    return Cuts.of(params) if params else None
 
 
 def sampling_of(rows: list[SpecRow]) -> list[RowSampling]:
@@ -237,7 +227,7 @@ class ChainStep:
         must have room for ``2 (k + 1)`` more positions). ``sampling``: per row its warp and
         generator, None for a greedy row."""
         rows = len(slots)
-        cuts = cuts_of(sampling)
+        cuts = Cuts.of_rows(sampling)
         if cuts is None:
             sampling = None  # every row greedy: the greedy graph
         key = (self.graphs.bucket(rows), k, cuts)

@@ -43,7 +43,6 @@ from mathagent.serving.engine.spec_decode.eagle3_loader import aux_layers
 from mathagent.serving.engine.spec_decode.ngram import NgramProposer
 from mathagent.serving.engine.spec_decode.ngram_device import DeviceNgram
 from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
-from mathagent.serving.engine.transfer import to_device
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.model_runner import ModelRunner
@@ -79,7 +78,7 @@ class Eagle3Proposer:
         self._slot_layer: dict[int, tuple[Sequence, int]] = {}
         self.layers = aux_layers(cfg, model.args)
         model.capture = self.layers
-        runner.feature_sinks.append(self._sink)
+        runner.feature_sinks.append(self.fuse)
         self.max_seq = seq
         # greedy chains, batched (one graph on CUDA); None drafts them row by row
         self.chains: Eagle3Chain | None = Eagle3Chain(self, runner.graphs)
@@ -106,13 +105,10 @@ class Eagle3Proposer:
         return self._project(self.head.norm(out)).float()
 
     @torch.inference_mode()
-    def _sink(self, slots: list[int], write: Tensor, captured: Tensor) -> None:
-        """Fuse a forward's captured hidden states [B, T, 3H] into the slots' features."""
-        self.fuse(to_device(slots, torch.long, write.device), write, captured)
-
     def fuse(self, slots: Tensor, write: Tensor, captured: Tensor) -> None:
         """``fc`` of the captured streams [B, T, 3H] into the features of ``slots [B]`` at
-        ``write [B, T]`` (device tensors: a captured step graph calls it too)."""
+        ``write [B, T]`` (device tensors: the runner's feature sink, and captured step graphs
+        call it too)."""
         self.feats[slots[:, None].expand_as(write), write] = self.head.fc(captured.to(self.dtype))
 
     @torch.inference_mode()

@@ -19,12 +19,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from mathagent.serving.engine.spec_decode.chain_step import (
-    ChainInputs,
-    ChainStep,
-    cuts_of,
-    sampling_of,
-)
+from mathagent.serving.engine.sampler import Cuts
+from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, ChainStep, sampling_of
 from mathagent.serving.engine.spec_decode.ngram import NgramProposer
 from mathagent.serving.engine.spec_decode.proposal import SpecRow
 
@@ -115,7 +111,7 @@ class FusedNgram:
             self.steps.drop()
             return None
         try:
-            self.steps.prepare(len(rows), k, cuts_of(sampling_of(rows)))
+            self.steps.prepare(len(rows), k, Cuts.of_rows(sampling_of(rows)))
         except Exception:  # a new path on a GPU: n-gram still works without it, so say so
             log.exception("n-gram one-graph step failed to capture; drafting on the host")
             self.broken = True

@@ -299,7 +299,7 @@ def test_the_lookup_branch_keeps_plain_greedy_and_lands_what_the_head_cannot(eng
         engine.speculator.proposers.register(method, proposer)
         params = SamplingParams(max_tokens=48, temperature=0.0, speculative=str(method))
         runs[lookup] = engine.generate([REPEATING], params)[0]
-        engine.runner.feature_sinks.remove(proposer._sink)
+        engine.runner.feature_sinks.remove(proposer.fuse)
     plain = engine.generate([REPEATING], SamplingParams(max_tokens=48, temperature=0.0))[0]
     assert runs[True].token_ids == plain.token_ids == runs[False].token_ids
     per_forward = {k: r.metrics.speculative["acceptance_length"] for k, r in runs.items()}
