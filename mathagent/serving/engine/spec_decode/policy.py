@@ -85,11 +85,14 @@ def closed(ceiling: float) -> bool:
     return ceiling <= 1.0 + _MARGIN
 
 
-def probe_gap(ratio: float, closed: bool, losses: int) -> int:
+def probe_gap(ratio: float, closed: bool, losses: int, catch_up: float = 0.0) -> int:
     """Plain steps between probes: probes of ``_PROBE`` steps, each losing at most ``ratio - 1``
-    plain steps, cost at most the budget's share of plain time; doubled per losing probe."""
+    plain steps, plus ``catch_up`` plain steps their first step costs beyond a steady one (the
+    drafter catching up on the plain steps' positions), cost at most the budget's share of
+    plain time; doubled per losing probe."""
     budget = _CLOSED_BUDGET if closed else _BUDGET
-    base = max(_MIN_GAP, math.ceil(_PROBE * max(ratio - 1.0, 0.0) / budget))
+    cost = _PROBE * max(ratio - 1.0, 0.0) + max(catch_up, 0.0)
+    base = max(_MIN_GAP, math.ceil(cost / budget))
     return min(base << min(losses, 20), _MAX_GAP)
 
 
@@ -104,6 +107,7 @@ class DraftPolicy:
         self._rows = 0.0  # decayed count of rows that asked for drafts
         self._accepted = [0.0] * max_len  # decayed count of rows with position i accepted
         self._probes: dict[int, _Probes] = {}
+        self._catch_up: dict[int, float] = {}  # bucket -> seconds of a first step after plain
 
     def expected_tokens(self, k: int) -> float:
         """Tokens a row commits per step with ``k`` drafts (1 + accepted drafts)."""
@@ -162,7 +166,8 @@ class DraftPolicy:
         if best:
             return best, "wins"
         ratio = self._ratio(b)
-        if probes.since + 1 >= probe_gap(ratio, closed(ceiling), probes.losses):
+        gap = probe_gap(ratio, closed(ceiling), probes.losses, self._catch_up_steps(b))
+        if probes.since + 1 >= gap:
             return self.max_len, "probe"
         return 0, "plain"
 
@@ -255,6 +260,23 @@ class DraftPolicy:
         probes = self._probes.get(b)
         if k and probes is not None:
             probes.left = 0  # the probe has measured a drafted step
+
+    def caught_up(self, batch: int, seconds: float) -> None:
+        """Count the wall time of a speculative step that followed plain steps of the same
+        rows: not a steady step's cost (its drafter caught up on the plain steps' positions,
+        ~3-7 ms against ~1.5 on the H200, GPU_NOTES run 67), but what each probe pays once."""
+        b = bucket(batch)
+        last = self._catch_up.get(b)
+        self._catch_up[b] = seconds if last is None else 0.5 * (last + seconds)
+
+    def _catch_up_steps(self, b: int) -> float:
+        """Plain steps a probe's first step costs beyond a steady speculative step at ``b``."""
+        seconds, plain = self._catch_up.get(b), self._shape(b, 0)
+        if seconds is None or not plain.ready:
+            return 0.0
+        spec = self._shape(b, self.max_len)
+        steady = spec.seconds if spec.ready else plain.seconds
+        return max(seconds - steady, 0.0) / plain.seconds
 
     def accepted(self, asked: int, accepted: list[int]) -> None:
         """Count one speculative step: ``asked`` rows wanted drafts, ``accepted`` holds each

@@ -29,6 +29,7 @@ from mathagent.serving.engine.spec_decode.verify import sample_verify
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.model_runner import ModelRunner
+    from mathagent.serving.engine.sampling_params import SamplingParams
     from mathagent.serving.engine.sequence import Sequence
     from mathagent.serving.engine.spec_decode.registry import Proposers
 
@@ -121,11 +122,14 @@ class Speculator:
         end = time.perf_counter()
         same_rows = self._since is not None and self._since[0] == ids
         begin = self._since[1] if same_rows else start
-        # untimed: a first speculative step after plain ones (its drafter catches up: ~2x a
-        # steady step, GPU_NOTES run 65) and a step that captured a CUDA graph (compiling)
+        # a step that captured a CUDA graph is not timed (compiling); a first speculative step
+        # after plain ones is a probe's catch-up cost, not a step's (GPU_NOTES runs 65, 67)
+        timed = not wasted and self._captures() == captures and (k == 0 or self.last_depth > 0)
         catching_up = k > 0 and same_rows and self._since is not None and self._since[2] == 0
         self._since = (ids, end, k)
-        if not (wasted or catching_up) and self._captures() == captures and (k == 0 or self.last_depth > 0):  # fmt: skip
+        if timed and catching_up:
+            self.policy.caught_up(len(seqs), end - begin)
+        elif timed:
             self.policy.observed(len(seqs), k, end - begin)
         return out
 
@@ -179,19 +183,11 @@ class Speculator:
         track = self._tracks[seq.request_id]
         warp = None
         if not seq.params.greedy:
-            batch = SamplingBatch.build([seq.params], [None], self.runner.device)
 
-            def warp(logits: Tensor, batch: SamplingBatch = batch) -> Tensor:
+            def warp(logits: Tensor, params: SamplingParams = seq.params) -> Tensor:
                 rows = logits.shape[0]
-                expanded = SamplingBatch(
-                    batch.temperature.expand(rows),
-                    batch.top_p.expand(rows),
-                    batch.top_k.expand(rows),
-                    [None] * rows,
-                    False,
-                    batch.cuts,
-                )
-                return Sampler.probs(logits, expanded)
+                batch = SamplingBatch.build([params] * rows, [None] * rows, logits.device)
+                return Sampler.probs(logits, batch)
 
         return SpecRow(seq, track.hidden, track.state, warp)
 

@@ -65,6 +65,23 @@ def test_probe_gap_scales_with_the_cost_ratio() -> None:
     assert probe_gap(1.0, False, 0) >= 8
 
 
+def test_a_probes_catch_up_counts_in_its_cost() -> None:
+    # EAGLE-3 at T 0.7 on the H200 (run 67): plain 0.66 ms, a steady step 1.46 ms, but a probe's
+    # first step ~5 ms (the head catches up); probes timed only by their steady step cost 2.4%
+    assert probe_gap(2.2, False, 0, catch_up=7.0) > 3 * probe_gap(2.2, False, 0)
+    policy = measured(0.66, 1.46, accepted=0, batch=1, k=6)
+    policy.caught_up(1, 5.0)
+    lost, steps, probing = 0.0, 4000, 0
+    for _ in range(steps):
+        k = policy.choose(1)
+        if k and not probing:  # a probe's first step: the catch-up
+            lost += 5.0 / 0.66 - 1
+        elif k:
+            lost += 1.46 / 0.66 - 1
+        probing = k
+    assert 0 < lost / steps <= 0.015
+
+
 def test_unmeasured_bucket_above_a_closed_one_stays_plain() -> None:
     policy = measured(1.0, 6.0, accepted=4, batch=8)
     assert policy.ceiling(32) == policy.ceiling(8) < 1
@@ -370,6 +387,7 @@ def test_the_first_speculative_step_after_plain_ones_is_not_timed() -> None:
     script = itertools.cycle([0, 0, 3, 3, 3])
     chosen: list[int] = []
     timed: list[int] = []
+    caught_up: list[int] = []
 
     class Scripted(DraftPolicy):
         def choose(self, batch: int) -> int:
@@ -379,6 +397,9 @@ def test_the_first_speculative_step_after_plain_ones_is_not_timed() -> None:
         def observed(self, batch: int, k: int, seconds: float) -> None:
             timed.append(len(chosen) - 1)
 
+        def caught_up(self, batch: int, seconds: float) -> None:
+            caught_up.append(len(chosen) - 1)
+
     engine.speculator.policy = Scripted(3, True)
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True,
                             speculative="draft:counting")  # fmt: skip
@@ -387,4 +408,6 @@ def test_the_first_speculative_step_after_plain_ones_is_not_timed() -> None:
     for i, k in enumerate(chosen):
         after_plain = i > 0 and k > 0 and chosen[i - 1] == 0
         assert (i in timed) == (not after_plain) or i == 0, (i, chosen[: i + 1])
+        assert after_plain or i not in caught_up, (i, chosen[: i + 1])
     assert any(k and i in timed for i, k in enumerate(chosen))
+    assert caught_up, "no catch-up counted as a probe's cost"
