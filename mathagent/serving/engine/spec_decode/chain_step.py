@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import Tensor
 
-from mathagent.serving.engine.sampler import Cuts, RowSampling
+from mathagent.serving.engine.sampler import Cuts, RowSampling, SamplingBatch
 from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
 from mathagent.serving.engine.spec_decode.tree_batch import (
     SAMPLING_COLUMNS,
@@ -95,14 +95,29 @@ class ChainDrafter(Protocol):
 
 class Branches:
     """Several chain drafters from the same root as one tree of ``len(parts)`` beams: the
-    verify scores every chain and greedy acceptance keeps the longest (the first on ties)."""
+    verify scores every chain and greedy acceptance keeps the longest (the first on ties).
+    Sampled rows accept on the first part's chain, which that part samples if it can."""
 
     def __init__(self, *parts: ChainDrafter) -> None:
         self.parts = parts
         self.device = parts[0].device
+        self.samples = samples_drafts(parts[0])
 
     def run(self, inp: ChainInputs, k: int) -> Tensor:
         return torch.stack([part.run(inp, k) for part in self.parts], 1)  # [B, W, 1 + k]
+
+    def run_sampled(
+        self, inp: ChainInputs, k: int, warp: SamplingBatch, u: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        first, q = self.parts[0].run_sampled(inp, k, warp, u)  # type: ignore[attr-defined]
+        rest = [part.run(inp, k) for part in self.parts[1:]]
+        return torch.stack([first, *rest], 1), q
+
+
+def samples_drafts(drafter: object) -> bool:
+    """Whether a chain drafter samples its chain for sampled rows (``run_sampled(inp, k, warp,
+    u [B, k]) -> (beams, q [B, k, V])``: EAGLE-3's head) rather than drafting its argmax."""
+    return bool(getattr(drafter, "samples", hasattr(drafter, "run_sampled")))
 
     def verified(self, inp: ChainInputs, pos: Tensor, captured: Tensor | None) -> None:
         for part in self.parts:
@@ -191,6 +206,7 @@ class ChainStep:
         self.drafter = drafter
         self.graphs = graphs
         self.width = width  # chains per row the drafter returns (a tree when > 1)
+        self.samples = samples_drafts(drafter)  # sampled rows draw its drafts: k more uniforms
         self._graphs: dict[GraphKey, _Graph] = {}
         self._ahead: _Launch | None = None  # a step launched before its inputs were read
         self.claimed = 0  # steps launched ahead and then used (tests and benchmarks read it)
@@ -291,13 +307,13 @@ class ChainStep:
         """Each row's warp and ``k + 1`` fresh uniforms from its generator (padded and greedy
         rows: temperature 0) into the graph's sampling buffer, in one copy."""
         g = self._graphs[key]
-        k = key[1]
+        draws = self._draws(key[1])
         assert g.sampling is not None
-        greedy = torch.zeros(SAMPLING_COLUMNS + k + 1, dtype=torch.float64)
+        greedy = torch.zeros(SAMPLING_COLUMNS + draws, dtype=torch.float64)
         values = torch.stack([
             greedy if s is None else sampling_row(
                 s[0].temperature, s[0].top_p, s[0].top_k,
-                torch.rand(k + 1, generator=s[1], dtype=torch.float64),
+                torch.rand(draws, generator=s[1], dtype=torch.float64),
             )
             for s in [*sampling, *[None] * (key[0] - len(sampling))]
         ])  # fmt: skip
@@ -309,6 +325,10 @@ class ChainStep:
         g.sampling.copy_(g.sampling_staging[0], non_blocking=True)
         g.sampling_copied[0] = torch.cuda.Event()
         g.sampling_copied[0].record()
+
+    def _draws(self, k: int) -> int:
+        """Uniforms a sampled row draws a step: ``k + 1`` to verify, ``k`` more to draft."""
+        return k + 1 + (k if self.samples else 0)
 
     def _launch(self, key: GraphKey, rows: int) -> _Launch:
         """Replay, then queue the copy of the outcome out of the graph's buffers (the next
@@ -333,7 +353,14 @@ class ChainStep:
         sampling for the rows ``sampling`` gives a temperature), move the accepted path's K/V
         into place, let the drafter see the committed nodes, and advance ``inp``;
         ``(outcome [B, 2 + k], last hidden [B, H])``."""
-        beams = self.drafter.run(inp, k)
+        q = None
+        if sampling is not None and self.samples:
+            assert cuts is not None
+            warp = SamplingBatch.of_table(sampling, cuts)
+            run_sampled = self.drafter.run_sampled  # type: ignore[attr-defined]
+            beams, q = run_sampled(inp, k, warp, sampling[:, SAMPLING_COLUMNS + k + 1 :])
+        else:
+            beams = self.drafter.run(inp, k)
         tree = TreeBatch(beams if beams.dim() == 3 else beams[:, None], [])
         c = inp.start + (k + 1)  # [B] the root's position
         nodes = torch.arange(tree.nodes, device=c.device)
@@ -349,7 +376,7 @@ class ChainStep:
         if sampling is not None:
             greedy = (accepted, path, tokens)
             assert cuts is not None
-            accepted, path, tokens = accept_sampled(tree.beams, logits, sampling, greedy, cuts)
+            accepted, path, tokens = accept_sampled(tree.beams, logits, sampling, greedy, cuts, q)
         if tree.width > 1:
             forward = self.graphs.forward
             move_path((forward.k, forward.v), inp.slots, c, path)
@@ -391,7 +418,8 @@ class ChainStep:
             verify.tree.copy_(mask.to(torch.int8).expand_as(verify.tree))
         sampling = None  # zeros in the warm-up: every row greedy
         if cuts is not None:
-            sampling = torch.zeros(batch, SAMPLING_COLUMNS + k + 1, dtype=torch.float64, device=dev)
+            sampling = torch.zeros(batch, SAMPLING_COLUMNS + self._draws(k), dtype=torch.float64,
+                                   device=dev)  # fmt: skip
         graph, (outcome, last) = capture_graph(
             self.graphs, lambda: self._body(inp, k, verify, sampling, cuts)
         )

@@ -113,15 +113,15 @@ def sampling_row(temperature: float, top_p: float, top_k: int, uniforms: Tensor)
 
 def accept_sampled(
     beams: Tensor, logits: Tensor, sampling: Tensor, greedy: tuple[Tensor, Tensor, Tensor],
-    cuts: Cuts,
+    cuts: Cuts, q: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
     """Rows with a temperature take lossless speculative sampling of their first beam (the
-    drafter's chain, drafted deterministically: q one-hot); the others keep ``greedy``, the
-    outcome of :func:`accept_longest`. Same outputs as it; no host sync, so it runs inside a
-    captured step.
+    drafter's chain: drawn from ``q [B, D, V]``, or drafted deterministically when None: q
+    one-hot); the others keep ``greedy``, the outcome of :func:`accept_longest`. Same outputs
+    as it; no host sync, so it runs inside a captured step.
 
-    sampling: ``[B, 3 + D + 1]`` rows of :func:`sampling_row`; ``cuts``: the cuts any of
-    them asks for (the captured graph's own).
+    sampling: ``[B, 3 + D + 1 (+ D)]`` rows of :func:`sampling_row` (the drafter's own
+    uniforms last); ``cuts``: the cuts any of them asks for (the captured graph's own).
     """
     b, d = beams.shape[0], beams.shape[2] - 1
     temperature, top_p, top_k = sampling[:, :SAMPLING_COLUMNS].T
@@ -131,7 +131,8 @@ def accept_sampled(
     )  # fmt: skip
     chain = logits[:, : d + 1]  # the root, then beam 0's nodes 1 .. D
     p = Sampler.probs(chain.reshape(b * (d + 1), -1), per_node).view(b, d + 1, -1)
-    verdict = sample_verify_at(beams[:, 0, 1:], p, None, sampling[:, SAMPLING_COLUMNS:])
+    u = sampling[:, SAMPLING_COLUMNS : SAMPLING_COLUMNS + d + 1]
+    verdict = sample_verify_at(beams[:, 0, 1:], p, q, u)
     steps = torch.arange(d + 1, device=beams.device)
     path = torch.minimum(steps[None], verdict.accepted[:, None])  # beam 0's node j is node j
     sampled = temperature > 0

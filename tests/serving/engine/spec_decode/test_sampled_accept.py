@@ -152,3 +152,35 @@ def test_the_first_committed_token_follows_the_warped_target() -> None:
     first_draft = torch.zeros(VOCAB)
     first_draft[beams[0, 0, 1]] = 1.0
     assert chi_square_p(counts, first_draft + 1e-3) < 0.01
+
+
+def test_chains_drawn_from_q_keep_the_warped_target_law() -> None:
+    """A drafter that samples its chain (EAGLE-3's head in the one-graph step) hands its laws
+    ``q``; the first committed token still has the target's warped law, and a q near p
+    accepts more than the argmax chain of the same q."""
+    depth, n = 3, 6000
+    _, logits, parents = _step_inputs(5, 1, 1, depth)
+    logits = logits.expand(n, -1, -1)
+    gen = torch.Generator().manual_seed(6)
+    # the drafter's laws: the target's own at each node, blurred (close to p, not equal)
+    q = torch.softmax(
+        logits[:1, :depth] / 0.9 + 0.3 * torch.randn(1, depth, VOCAB, generator=gen), -1
+    )
+    drafts = torch.stack([torch.multinomial(q[0, j], n, replacement=True, generator=gen)
+                          for j in range(depth)], 1)  # fmt: skip
+    beams = torch.cat([torch.zeros(n, 1, dtype=torch.long), drafts], 1)[:, None]  # [n, 1, 1 + d]
+    greedy = accept_longest(beams, logits, parents)
+    draws = torch.rand(
+        n, 2 * depth + 1, generator=torch.Generator().manual_seed(7), dtype=torch.float64
+    )
+    sampling = torch.stack([sampling_row(0.9, 1.0, 0, draws[b]) for b in range(n)])
+    accepted, _, tokens = accept_sampled(
+        beams, logits, sampling, greedy, Cuts(), q.expand(n, -1, -1)
+    )
+    law = Sampler.probs(logits[:1, 0], _batch([0.9], [1.0], [0]))[0]
+    counts = torch.bincount(tokens[:, 0], minlength=VOCAB)
+    assert chi_square_p(counts, law) > 0.01
+    argmax_chain = q[0].argmax(-1).expand(n, -1)
+    one_hot_beams = torch.cat([torch.zeros(n, 1, dtype=torch.long), argmax_chain], 1)[:, None]
+    one_hot, _, _ = accept_sampled(one_hot_beams, logits, sampling, greedy, Cuts())
+    assert accepted.double().mean() > one_hot.double().mean()
