@@ -113,15 +113,15 @@ class Branches:
         rest = [part.run(inp, k) for part in self.parts[1:]]
         return torch.stack([first, *rest], 1), q
 
+    def verified(self, inp: ChainInputs, pos: Tensor, captured: Tensor | None) -> None:
+        for part in self.parts:
+            part.verified(inp, pos, captured)
+
 
 def samples_drafts(drafter: object) -> bool:
     """Whether a chain drafter samples its chain for sampled rows (``run_sampled(inp, k, warp,
     u [B, k]) -> (beams, q [B, k, V])``: EAGLE-3's head) rather than drafting its argmax."""
     return bool(getattr(drafter, "samples", hasattr(drafter, "run_sampled")))
-
-    def verified(self, inp: ChainInputs, pos: Tensor, captured: Tensor | None) -> None:
-        for part in self.parts:
-            part.verified(inp, pos, captured)
 
 
 def windows_of(rows: list[SpecRow], k: int) -> tuple[list[int], list[int], list[list[int]]]:
