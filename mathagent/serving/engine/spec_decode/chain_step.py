@@ -385,9 +385,12 @@ class ChainStep:
         )  # fmt: skip
         self.drafter.verified(inp, c[:, None] + nodes[: k + 1], kept)
         node = path.gather(1, accepted[:, None])[..., None].expand(-1, 1, hidden.shape[-1])
-        outcome = torch.cat([accepted[:, None], tokens], 1)
+        outcome, last = torch.cat([accepted[:, None], tokens], 1), hidden.gather(1, node)[:, 0]
+        settled = getattr(self.drafter, "settled", None)  # a drafter that drafts from it
+        if settled is not None:
+            settled(inp, last)
         self.advance(inp, accepted, tokens, self.graphs.scratch_slot)
-        return outcome, hidden.gather(1, node)[:, 0]
+        return outcome, last
 
     @staticmethod
     def advance(inp: ChainInputs, accepted: Tensor, tokens: Tensor, scratch: int) -> None:

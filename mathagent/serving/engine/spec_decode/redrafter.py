@@ -97,9 +97,7 @@ class Drafter(nn.Module):
 
     def step_state(self, state: Tensor, emb: Tensor) -> Tensor:
         """Advance the recurrent state by one drafted token's embedding."""
-        if self.config.rnn:
-            return F.silu(self.rnn_w(emb) + self.rnn_u(state))
-        return state + emb
+        return F.silu(self.rnn_w(emb) + self.rnn_u(state)) if self.config.rnn else state + emb
 
     def features(self, context: Tensor, state: Tensor) -> Tensor:
         """The vector [..., exit_dim] the vocabulary projection reads."""
@@ -214,8 +212,7 @@ class Drafter(nn.Module):
             qs.append(q)
         return torch.stack(drafts, 1), torch.stack(qs, 1)
 
-    def head_name(self) -> str:
-        """Name of the vocabulary projection weight in the checkpoint."""
+    def head_name(self) -> str:  # the vocabulary projection's key in the checkpoint
         return f"lm_head.{self.config.num_draft_layers}.weight"
 
     def save_pretrained(self, out: Path, compact: bool = False) -> None:
@@ -261,8 +258,20 @@ class ReDrafterProposer:
         self.drafter = drafter.to(embedding.device, self.dtype).eval()
         self.embedding = embedding.to(self.dtype)  # [V, H] the target's own token embedding
         self.beams = beams
+        self.fused = None  # the one-graph step on CUDA graphs (redrafter_device.FusedReDrafter)
+
+    def fused_step(self, rows: list[SpecRow], k: int, sinks: int, ahead: bool = False):
+        """Greedy rows in one CUDA graph (None: the general path, as while ``sinks``: another
+        method's head reads the target's streams)."""
+        return None if self.fused is None or sinks else self.fused.step(rows, k, ahead)
+
+    def drop_ahead(self) -> None:
+        if self.fused is not None:
+            self.fused.steps.drop()
 
     def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
+        for r in rows if self.fused is not None else ():  # the device's contexts are behind
+            self.fused.drafter.forget(r.seq.slot)
         out = [Draft.chain(r.seq.last_token, []) for r in rows]
         greedy = [i for i, r in enumerate(rows) if r.hidden is not None and r.greedy]
         if greedy:

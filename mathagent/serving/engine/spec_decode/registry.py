@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from mathagent.serving.engine.loader import ModelLoadError, load_model
 from mathagent.serving.engine.quant import Int8Linear
 from mathagent.serving.engine.spec_config import SpecMethod, SpecMethodError
+from mathagent.serving.engine.spec_decode import redrafter_device
 from mathagent.serving.engine.spec_decode.draft_model import DraftModelProposer, draft_runner
 from mathagent.serving.engine.spec_decode.eagle3 import Eagle3Proposer
 from mathagent.serving.engine.spec_decode.eagle3_loader import aux_layers, load_head
@@ -24,6 +25,7 @@ from mathagent.serving.engine.spec_decode.ngram import NgramDrafts, NgramPropose
 from mathagent.serving.engine.spec_decode.ngram_device import FusedNgram
 from mathagent.serving.engine.spec_decode.proposal import Proposer
 from mathagent.serving.engine.spec_decode.redrafter import Drafter, ReDrafterProposer
+from mathagent.serving.engine.spec_decode.redrafter_device import FusedReDrafter
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.model_runner import ModelRunner
@@ -96,6 +98,8 @@ def load_proposer(method: SpecMethod, target: ModelRunner, beams: int, model_dir
         if drafter.config.lm_head_from_base and target.model.args.tie_word_embeddings:
             # the drafter's head is the target's own: share its (possibly quantized) projection
             drafter.use_head(head_rows(target.model.output, drafter.draft_vocab))
+        if redrafter_device.ENABLED and target.graphs is not None:
+            proposer.fused = FusedReDrafter(proposer, target)
         return proposer
     try:
         loaded = load_model(method.path, model_dir, target.device, target.config.dtype)

@@ -138,3 +138,39 @@ def test_a_draft_vocabulary_restricts_drafts_and_round_trips(tmp_path: Path) -> 
     again = Drafter.from_pretrained(tmp_path / "dv")
     assert again.config.draft_vocab_size == 8 and torch.equal(again.draft_vocab, vocab)
     torch.testing.assert_close(again.logits(ctx, state), sub)
+
+
+def test_the_device_drafter_searches_from_per_slot_contexts_kept_current() -> None:
+    """The one-graph ReDrafter step's drafter (``redrafter_device``): beams from each slot's
+    context as the host path's beam search draws them, the context written from the host only
+    when the device's is not current, and taken from the step's own verify otherwise."""
+    from types import SimpleNamespace
+
+    from mathagent.serving.engine.spec_decode.chain_step import ChainInputs
+    from mathagent.serving.engine.spec_decode.redrafter import ReDrafterProposer
+    from mathagent.serving.engine.spec_decode.redrafter_device import DeviceReDrafter
+
+    torch.manual_seed(0)
+    d = Drafter(DrafterConfig(vocab_size=50, hidden_size=16, exit_dim=32, num_draft_layers=2))
+    for p in d.parameters():
+        p.data.normal_(0.0, 0.3)
+    emb = torch.randn(50, 16)
+    proposer = ReDrafterProposer(d, emb, beams=3)
+    device = DeviceReDrafter(proposer, slots=5, device=torch.device("cpu"))
+    hidden = torch.randn(2, 16)
+    rows = [SimpleNamespace(seq=SimpleNamespace(slot=s, request_id=f"r{s}"), hidden=h)
+            for s, h in zip((3, 1), hidden, strict=True)]  # fmt: skip
+    for row in rows:
+        device.sync(row)
+    inp = ChainInputs.allocate(2, 4, torch.device("cpu"))
+    inp.slots.copy_(torch.tensor([3, 1]))
+    inp.window.copy_(torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]))
+    beams = device.run(inp, 3)
+    assert torch.equal(beams, d.beam_search(hidden, torch.tensor([4, 8]), emb, 3, 3))
+    last = torch.randn(2, 16)
+    device.settled(inp, last)  # the step's verify: the next contexts
+    device.sync(rows[0])  # current: the host's older hidden must not overwrite it
+    assert torch.equal(device.context[3], last[0])
+    device.forget(3)  # the general path drafted for slot 3
+    device.sync(rows[0])
+    assert torch.equal(device.context[3], hidden[0]) and torch.equal(device.context[1], last[1])
