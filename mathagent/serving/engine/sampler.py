@@ -26,15 +26,21 @@ from mathagent.serving.engine.transfer import to_device
 
 @dataclass(frozen=True)
 class Cuts:
-    """The cuts a batch's warp runs: the largest top-k a row asks (0: none), and whether a
-    row asks for top-p. Rows that ask for neither are left whole by them."""
+    """The cuts a batch's warp runs: how many of the largest logits top-k looks at (at least
+    the largest top-k a row asks, rounded up to a power of two; 0: no row cuts by top-k), and
+    whether a row asks for top-p. Rows that ask for neither are left whole by them. Captured
+    graphs are keyed on it, hence the rounding: requests asking top-k 20, 30 and 40 share one
+    graph instead of capturing three."""
 
     top_k: int = 0
     top_p: bool = False
 
     @classmethod
     def of(cls, params: list[SamplingParams]) -> Cuts:
-        return cls(max((p.top_k for p in params), default=0), any(p.top_p < 1.0 for p in params))
+        top_k = max((p.top_k for p in params), default=0)
+        return cls(
+            1 << (top_k - 1).bit_length() if top_k else 0, any(p.top_p < 1.0 for p in params)
+        )
 
     @classmethod
     def of_rows(cls, sampling: list[RowSampling] | None) -> Cuts | None:

@@ -24,7 +24,7 @@ def test_the_table_samples_what_the_host_sampler_samples() -> None:
         want = Sampler()(logits, SamplingBatch.build(params, host_gens, torch.device("cpu")))
         rows = [None if p.greedy else (p, g) for p, g in zip(params, table_gens, strict=True)]
         cuts = Cuts.of_rows(rows)
-        assert cuts == Cuts(5, True)
+        assert cuts == Cuts(8, True)  # top-k 5 looks at the 8 largest
         table = Sampler.table(rows, 4)
         assert table[1].tolist() == [0.0, 1.0, 0.0, 0.0]  # a greedy row draws nothing
         got = Sampler.sample(logits, SamplingBatch.of_table(table, cuts), table[:, 3],
@@ -33,6 +33,14 @@ def test_the_table_samples_what_the_host_sampler_samples() -> None:
         for a, b in zip(host_gens, table_gens, strict=True):  # one draw each, same state
             if a is not None:
                 assert torch.equal(a.get_state(), b.get_state())
+
+
+def test_top_k_cuts_share_graphs_by_powers_of_two() -> None:
+    def cuts(*ks: int) -> Cuts:
+        return Cuts.of([SamplingParams(top_k=k) for k in ks])
+
+    assert cuts(20) == cuts(30) == cuts(17, 32) == Cuts(32, False)
+    assert cuts(0) == Cuts() and cuts(1) == Cuts(1, False) and cuts(33) == Cuts(64, False)
 
 
 def test_all_greedy_rows_have_no_warp() -> None:
