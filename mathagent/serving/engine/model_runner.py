@@ -55,12 +55,12 @@ class ModelRunner:
             # first, which builds an execution plan per new length: ~0.25 s per prompt length on
             # the H200 (benchmarks/GPU_NOTES.md run 25; FunASR#3704 saw 0.44 s on a B200)
             torch.backends.cuda.enable_cudnn_sdp(False)
-        # Compilation lives here only, so eager and compiled runs can be compared. On CUDA,
-        # decode and verify steps replay CUDA graphs; prefill (many tokens) stays eager.
         # called after every forward with device tensors (slots [B], write positions [B, T],
         # captured streams): the eager model's ``captured`` or the CUDA graph's kept copy; a
         # decode step's tail graph calls them too (cuda/lookahead.py)
         self.feature_sinks: list[Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]] = []
+        # Compilation lives here only, so eager and compiled runs can be compared. On CUDA,
+        # decode and verify steps replay CUDA graphs; prefill (many tokens) stays eager.
         self.graphs: CudaGraphRunner | None = None
         self.lookahead: DecodeLookahead | None = None
         if use_graphs:
