@@ -27,6 +27,16 @@ class DraftModelProposer:
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
+        self.fused = None  # the one-graph step on CUDA graphs (draft_model_device)
+
+    def fused_step(self, rows: list[SpecRow], k: int, sinks: int, ahead: bool = False):
+        """Greedy rows in one CUDA graph (None: the general path, as while ``sinks``: another
+        method's head reads the target's streams)."""
+        return None if self.fused is None or sinks else self.fused.step(rows, k, ahead)
+
+    def drop_ahead(self) -> None:
+        if self.fused is not None:
+            self.fused.steps.drop()
 
     def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
         last = self._catch_up(rows)  # [B, V] draft logits after each row's last token
@@ -64,11 +74,19 @@ class DraftModelProposer:
 
     def _catch_up(self, rows: list[SpecRow]) -> Tensor:
         """Feed each row's tokens missing from the draft cache; logits after its last token."""
+        return self.catch_up_to(rows, None)
+
+    def catch_up_to(self, rows: list[SpecRow], end: int | None) -> Tensor:
+        """Feed each row's tokens missing from the draft cache, up to position ``end``
+        (exclusive; None: all of them); logits after the last one fed (rows already there:
+        none are run, and their entries are left out)."""
         out: list[Tensor | None] = [None] * len(rows)
         by_len: dict[int, list[int]] = {}
         for i, row in enumerate(rows):
             row.state.setdefault("cached", 0)
-            by_len.setdefault(len(row.seq.all_ids) - row.state["cached"], []).append(i)
+            stop = len(row.seq.all_ids) if end is None else end
+            if stop > row.state["cached"]:
+                by_len.setdefault(stop - row.state["cached"], []).append(i)
         chunk = self.runner.config.prefill_chunk
         for length, idxs in by_len.items():
             for start in range(0, length, chunk):
@@ -86,7 +104,7 @@ class DraftModelProposer:
                     g.state["cached"] += t
             for j, i in enumerate(idxs):
                 out[i] = logits[j, -1]
-        return torch.stack(out)  # type: ignore[arg-type]
+        return torch.stack([o for o in out if o is not None]) if by_len else torch.zeros(0)
 
     def accepted(self, row: SpecRow, old_cached: int, num_accepted: int) -> None:
         # the cache holds the root and all drafts but the last; keep what was accepted

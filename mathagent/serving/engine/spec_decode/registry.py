@@ -17,8 +17,9 @@ from torch import Tensor, nn
 from mathagent.serving.engine.loader import ModelLoadError, load_model
 from mathagent.serving.engine.quant import Int8Linear
 from mathagent.serving.engine.spec_config import SpecMethod, SpecMethodError
-from mathagent.serving.engine.spec_decode import redrafter_device
+from mathagent.serving.engine.spec_decode import draft_model_device, redrafter_device
 from mathagent.serving.engine.spec_decode.draft_model import DraftModelProposer, draft_runner
+from mathagent.serving.engine.spec_decode.draft_model_device import FusedDraftModel
 from mathagent.serving.engine.spec_decode.eagle3 import Eagle3Proposer
 from mathagent.serving.engine.spec_decode.eagle3_loader import aux_layers, load_head
 from mathagent.serving.engine.spec_decode.ngram import NgramDrafts, NgramProposer
@@ -103,9 +104,12 @@ def load_proposer(method: SpecMethod, target: ModelRunner, beams: int, model_dir
         return proposer
     try:
         loaded = load_model(method.path, model_dir, target.device, target.config.dtype)
-        return DraftModelProposer(draft_runner(loaded.model, target))
+        proposer = DraftModelProposer(draft_runner(loaded.model, target))
     except (ModelLoadError, ValueError, OSError) as exc:
         raise SpecMethodError(f"cannot load draft model {method.path!r}: {exc}") from exc
+    if draft_model_device.ENABLED and target.graphs is not None:
+        proposer.fused = FusedDraftModel(proposer, target)
+    return proposer
 
 
 def load_eagle3(path: Path, target: ModelRunner, beams: int) -> Eagle3Proposer:
