@@ -136,15 +136,14 @@ class Sampler:
     def table(sampling: list[RowSampling], rows: int) -> torch.Tensor:
         """Per row its temperature, top-p, top-k and a uniform its generator draws now
         (``[rows, 4]`` float64 on the host; greedy rows: temperature 0, no draw)."""
-        out = torch.zeros(rows, 4, dtype=torch.float64)
-        out[:, 1] = 1.0
+        values = [[0.0, 1.0, 0.0, 0.0] for _ in range(rows)]  # one tensor built at the end
         for i, row in enumerate(sampling[:rows]):
             if row is None or row[0].greedy:
                 continue
             params, gen = row
             u = float(torch.rand(1, generator=gen)) if gen is not None else 0.0
-            out[i] = torch.tensor([params.temperature, params.top_p, float(params.top_k), u])
-        return out
+            values[i] = [params.temperature, params.top_p, float(params.top_k), u]
+        return torch.tensor(values, dtype=torch.float64).reshape(rows, 4)
 
     @staticmethod
     def sample_at(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
