@@ -10,6 +10,8 @@ into the graph's static buffers on the device, so a step never waits on the host
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from mathagent.serving.engine.cuda.forward import CudaForward, StepInputs
@@ -93,6 +95,22 @@ class CudaGraphRunner:
         with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
             out = self.forward(inp)
         self.graphs[(batch, width)] = (graph, inp, out)
+
+    def capture_body(self, body: Callable[[], object]) -> tuple:
+        """Warm ``body`` up twice on a side stream (compilation, Triton autotuning), then capture
+        it in this runner's pool; ``(graph, body's outputs)``. For steps built around the
+        model's graphs (a chain step, a decode step's tail)."""
+        self.captures += 1
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):
+                body()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
+            out = body()
+        return graph, out
 
     def _graph(self, key: tuple[int, int]) -> tuple:
         """The graph of ``key``, captured now if new; all graphs are captured again when the

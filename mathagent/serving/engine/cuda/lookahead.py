@@ -136,14 +136,5 @@ class DecodeLookahead:
                 return greedy
             return Sampler.sample(last, SamplingBatch.of_table(table, cuts), table[:, 3], greedy)
 
-        self.graphs.captures += 1
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                body()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.graphs.pool):
-            tokens = body()
+        graph, tokens = self.graphs.capture_body(body)
         return _Tail(source, graph, table, tokens)

@@ -16,6 +16,7 @@ ahead and the step's body share one graph's buffers and its input layout.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -33,6 +34,8 @@ from mathagent.serving.engine.spec_decode.tree_batch import (
     move_path,
     sampling_row,
 )
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
@@ -143,22 +146,6 @@ def advanced(starts: list[int], windows: list[list[int]], outcome: list[list[int
     width = len(windows[0]) if windows else 0
     nxt = [(w + o[1 : o[0] + 2])[-width:] for w, o in zip(windows, outcome, strict=True)]
     return [s + o[0] + 1 for s, o in zip(starts, outcome, strict=True)], nxt
-
-
-def capture_graph(graphs: CudaGraphRunner, body: Callable[[], object]) -> tuple:
-    """Warm ``body`` up twice on a side stream (compilation, Triton autotuning), then capture
-    it in the runner's pool; ``(graph, body's outputs)``."""
-    graphs.captures += 1
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.inference_mode():
-        for _ in range(2):
-            body()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=graphs.pool), torch.inference_mode():
-        out = body()
-    return graph, out
 
 
 @dataclass
@@ -423,8 +410,8 @@ class ChainStep:
         if cuts is not None:
             sampling = torch.zeros(batch, SAMPLING_COLUMNS + self._draws(k), dtype=torch.float64,
                                    device=dev)  # fmt: skip
-        graph, (outcome, last) = capture_graph(
-            self.graphs, lambda: self._body(inp, k, verify, sampling, cuts)
+        graph, (outcome, last) = self.graphs.capture_body(
+            lambda: self._body(inp, k, verify, sampling, cuts)
         )
         staging = torch.zeros(inp.packed.numel(), dtype=torch.long).pin_memory()
         pinned = [torch.zeros(outcome.shape, dtype=torch.long).pin_memory() for _ in range(2)]
@@ -433,3 +420,51 @@ class ChainStep:
             g.sampling_staging = [torch.zeros_like(sampling, device="cpu").pin_memory()
                                   for _ in range(2)]  # fmt: skip
         self._graphs[(batch, k, cuts)] = g
+
+
+class OneGraphStep:
+    """A proposer's one-graph step: :class:`ChainStep` over its drafter for the rows
+    :meth:`takes` allows (else None: the engine's general path), and the general path for good
+    once a shape fails to capture (a new path on a GPU: the method still works without it)."""
+
+    name = "one-graph"  # for the log
+
+    def __init__(self, drafter: ChainDrafter, graphs: CudaGraphRunner, width: int = 1) -> None:
+        self.drafter = drafter
+        self.steps = ChainStep(drafter, graphs, width)
+        self.broken = False
+
+    def takes(self, rows: list[SpecRow], k: int) -> bool:
+        """Whether these rows may take the step (beyond the captured shapes)."""
+        return all(r.seq.num_cached > k and r.seq.slot is not None for r in rows)
+
+    def before(self, row: SpecRow, k: int) -> None:
+        """Host bookkeeping for a row before its step."""
+
+    def step(self, rows: list[SpecRow], k: int, ahead: bool):
+        """:meth:`ChainStep.step_rows` for the rows, or None."""
+        if self.broken or not self.steps.fits(len(rows), k) or not self.takes(rows, k):
+            self.steps.drop()
+            return None
+        try:
+            self.steps.prepare(len(rows), k, Cuts.of_rows(sampling_of(rows)))
+        except Exception:
+            log.exception("%s step failed to capture; drafting on the host", self.name)
+            self.broken = True
+            return None
+        return self.steps.step_rows(rows, k, ahead, lambda row: self.before(row, k))
+
+
+class OneGraphProposer:
+    """A proposer whose greedy steps may take a :class:`OneGraphStep` (``fused``)."""
+
+    fused: OneGraphStep | None = None
+
+    def fused_step(self, rows: list[SpecRow], k: int, sinks: int, ahead: bool = False):
+        """Rows in one CUDA graph (None: the general path, as while ``sinks``: another
+        method's head reads the target's streams, which this step does not feed)."""
+        return None if self.fused is None or sinks else self.fused.step(rows, k, ahead)
+
+    def drop_ahead(self) -> None:
+        if self.fused is not None:
+            self.fused.steps.drop()

@@ -13,13 +13,14 @@ import torch
 from torch import Tensor
 
 from mathagent.serving.engine.model_runner import ModelRunner
+from mathagent.serving.engine.spec_decode.chain_step import OneGraphProposer
 from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.model import Transformer
 
 
-class DraftModelProposer:
+class DraftModelProposer(OneGraphProposer):
     """A smaller model with the same tokenizer, with its own KV cache in the same slots.
 
     ``row.state["cached"]`` counts the sequence's tokens whose K/V the draft cache holds.
@@ -27,16 +28,6 @@ class DraftModelProposer:
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
-        self.fused = None  # the one-graph step on CUDA graphs (draft_model_device)
-
-    def fused_step(self, rows: list[SpecRow], k: int, sinks: int, ahead: bool = False):
-        """Greedy rows in one CUDA graph (None: the general path, as while ``sinks``: another
-        method's head reads the target's streams)."""
-        return None if self.fused is None or sinks else self.fused.step(rows, k, ahead)
-
-    def drop_ahead(self) -> None:
-        if self.fused is not None:
-            self.fused.steps.drop()
 
     def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
         last = self._catch_up(rows)  # [B, V] draft logits after each row's last token

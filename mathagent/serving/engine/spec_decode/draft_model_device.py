@@ -15,20 +15,17 @@ Built after run 68 and **not yet run on a GPU**, so it is off (``ENABLED``) unti
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, ChainStep
+from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, OneGraphStep
 from mathagent.serving.engine.spec_decode.proposal import SpecRow
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.model_runner import ModelRunner
     from mathagent.serving.engine.spec_decode.draft_model import DraftModelProposer
-
-log = logging.getLogger(__name__)
 
 ENABLED = False  # the one-graph draft-model step (CUDA graphs); see the module's docstring
 
@@ -82,34 +79,20 @@ class DeviceDraftModel:
         pass
 
 
-class FusedDraftModel:
+class FusedDraftModel(OneGraphStep):
     """The one-graph step of a :class:`~.draft_model.DraftModelProposer`."""
+
+    name = "draft-model one-graph"
 
     def __init__(self, proposer: DraftModelProposer, target: ModelRunner) -> None:
         assert target.graphs is not None and proposer.runner.graphs is not None
         self.p = proposer
-        self.drafter = DeviceDraftModel(proposer)
-        self.steps = ChainStep(self.drafter, target.graphs)
-        self.broken = False  # a shape failed to capture: the general path from then on
+        super().__init__(DeviceDraftModel(proposer), target.graphs)
 
-    def step(self, rows: list[SpecRow], k: int, ahead: bool):
-        """:meth:`ChainStep.step_rows` for greedy rows with room (else None)."""
-        if (
-            self.broken
-            or not self.steps.fits(len(rows), k)
-            or not all(r.greedy and r.seq.slot is not None and r.seq.num_cached > k for r in rows)
-        ):
-            self.steps.drop()
-            return None
-        try:
-            self.steps.prepare(len(rows), k)
-        except Exception:  # a new path on a GPU: the draft model still works without it
-            log.exception("draft-model one-graph step failed to capture; drafting on the host")
-            self.broken = True
-            return None
-        return self.steps.step_rows(rows, k, ahead, lambda row: self._before(row, k))
+    def takes(self, rows: list[SpecRow], k: int) -> bool:
+        return super().takes(rows, k) and all(r.greedy for r in rows)
 
-    def _before(self, row: SpecRow, k: int) -> None:
+    def before(self, row: SpecRow, k: int) -> None:
         """Catch the row's draft cache up to its window's start; the step writes the rest."""
         c = row.seq.num_cached
         self.p.catch_up_to([row], c - k)

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from mathagent.serving.engine.sampler import Cuts, Sampler, SamplingBatch
-from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, capture_graph
+from mathagent.serving.engine.spec_decode.chain_step import ChainInputs
 from mathagent.serving.engine.spec_decode.eagle3_head import Eagle3Head, attend
 
 if TYPE_CHECKING:
@@ -213,6 +213,6 @@ class Eagle3Chain:
         inp = ChainInputs.allocate(batch, k + 1, self.device)
         inp.slots.fill_(self.graphs.scratch_slot)
         inp.start.fill_(k + 1)
-        graph, out = capture_graph(self.graphs, lambda: self.run(inp, k))
+        graph, out = self.graphs.capture_body(lambda: self.run(inp, k))
         host = torch.zeros(inp.packed.numel(), dtype=torch.long).pin_memory()
         self._captured[(batch, k)] = (graph, inp, [host, None], out)

@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from mathagent.serving.engine.sampler import Cuts
-from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, ChainStep, sampling_of
+from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, OneGraphStep
 from mathagent.serving.engine.spec_decode.ngram import NgramProposer
 from mathagent.serving.engine.spec_decode.proposal import SpecRow
 
@@ -91,29 +90,18 @@ class DeviceNgram:
         pass
 
 
-class FusedNgram:
-    """The one-graph n-gram step of :class:`~.ngram.NgramDrafts` on CUDA graphs."""
+class FusedNgram(OneGraphStep):
+    """The one-graph n-gram step of :class:`~.ngram.NgramDrafts` on CUDA graphs (greedy or
+    sampled rows)."""
+
+    name = "n-gram one-graph"
 
     def __init__(self, lookup: NgramProposer, runner: ModelRunner) -> None:
         assert runner.graphs is not None
         slots = runner.cache.k.shape[1]
-        self.drafter = DeviceNgram(lookup, slots, runner.max_seq_len, runner.device)
-        self.steps = ChainStep(self.drafter, runner.graphs)
-        self.broken = False  # a shape failed to capture: the engine's general path from then on
+        super().__init__(
+            DeviceNgram(lookup, slots, runner.max_seq_len, runner.device), runner.graphs
+        )
 
-    def step(self, rows: list[SpecRow], k: int, ahead: bool):
-        """:meth:`ChainStep.step` for rows with room, greedy or sampled (else None)."""
-        if (
-            self.broken
-            or not self.steps.fits(len(rows), k)
-            or not all(r.seq.num_cached > k and r.seq.slot is not None for r in rows)
-        ):
-            self.steps.drop()
-            return None
-        try:
-            self.steps.prepare(len(rows), k, Cuts.of_rows(sampling_of(rows)))
-        except Exception:  # a new path on a GPU: n-gram still works without it, so say so
-            log.exception("n-gram one-graph step failed to capture; drafting on the host")
-            self.broken = True
-            return None
-        return self.steps.step_rows(rows, k, ahead, lambda row: self.drafter.sync(row.seq, k + 1))
+    def before(self, row: SpecRow, k: int) -> None:
+        self.drafter.sync(row.seq, k + 1)  # type: ignore[attr-defined]

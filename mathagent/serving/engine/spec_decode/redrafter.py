@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from mathagent.serving.engine.spec_decode.chain_step import OneGraphProposer
 from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
 
 
@@ -248,7 +249,7 @@ class Drafter(nn.Module):
         return drafter
 
 
-class ReDrafterProposer:
+class ReDrafterProposer(OneGraphProposer):
     """ReDrafter over the target's hidden state and token embeddings."""
 
     def __init__(self, drafter: Drafter, embedding: Tensor, beams: int) -> None:
@@ -258,16 +259,6 @@ class ReDrafterProposer:
         self.drafter = drafter.to(embedding.device, self.dtype).eval()
         self.embedding = embedding.to(self.dtype)  # [V, H] the target's own token embedding
         self.beams = beams
-        self.fused = None  # the one-graph step on CUDA graphs (redrafter_device.FusedReDrafter)
-
-    def fused_step(self, rows: list[SpecRow], k: int, sinks: int, ahead: bool = False):
-        """Greedy rows in one CUDA graph (None: the general path, as while ``sinks``: another
-        method's head reads the target's streams)."""
-        return None if self.fused is None or sinks else self.fused.step(rows, k, ahead)
-
-    def drop_ahead(self) -> None:
-        if self.fused is not None:
-            self.fused.steps.drop()
 
     def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
         for r in rows if self.fused is not None else ():  # the device's contexts are behind

@@ -16,20 +16,17 @@ faster than the general path.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, ChainStep
+from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, OneGraphStep
 from mathagent.serving.engine.spec_decode.proposal import SpecRow
 
 if TYPE_CHECKING:
     from mathagent.serving.engine.model_runner import ModelRunner
     from mathagent.serving.engine.spec_decode.redrafter import ReDrafterProposer
-
-log = logging.getLogger(__name__)
 
 ENABLED = False  # the one-graph ReDrafter step (CUDA graphs); see the module's docstring
 
@@ -69,30 +66,20 @@ class DeviceReDrafter:
         self.context[inp.slots] = last.to(self.context.dtype)
 
 
-class FusedReDrafter:
+class FusedReDrafter(OneGraphStep):
     """The one-graph ReDrafter step of a :class:`~.redrafter.ReDrafterProposer`."""
+
+    name = "ReDrafter one-graph"
 
     def __init__(self, proposer: ReDrafterProposer, runner: ModelRunner) -> None:
         assert runner.graphs is not None
         slots = runner.cache.k.shape[1]  # the scratch slot included
-        self.drafter = DeviceReDrafter(proposer, slots, runner.device)
-        self.steps = ChainStep(self.drafter, runner.graphs, width=proposer.beams)
-        self.broken = False  # a shape failed to capture: the general path from then on
+        drafter = DeviceReDrafter(proposer, slots, runner.device)
+        super().__init__(drafter, runner.graphs, width=proposer.beams)
 
-    def step(self, rows: list[SpecRow], k: int, ahead: bool):
-        """:meth:`ChainStep.step_rows` for greedy rows with a context and room (else None)."""
-        if (
-            self.broken
-            or not self.steps.fits(len(rows), k)
-            or not all(r.greedy and r.hidden is not None and r.seq.slot is not None
-                       and r.seq.num_cached > k for r in rows)
-        ):  # fmt: skip
-            self.steps.drop()
-            return None
-        try:
-            self.steps.prepare(len(rows), k)
-        except Exception:  # a new path on a GPU: ReDrafter still works without it, so say so
-            log.exception("ReDrafter one-graph step failed to capture; drafting on the host")
-            self.broken = True
-            return None
-        return self.steps.step_rows(rows, k, ahead, self.drafter.sync)
+    def takes(self, rows: list[SpecRow], k: int) -> bool:
+        """Greedy rows with a context (a row after plain steps has none) and room."""
+        return super().takes(rows, k) and all(r.greedy and r.hidden is not None for r in rows)
+
+    def before(self, row: SpecRow, k: int) -> None:
+        self.drafter.sync(row)  # type: ignore[attr-defined]
