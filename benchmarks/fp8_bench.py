@@ -2,7 +2,11 @@
 
 ``--sweep``: ``fp8_gemv_sweep.sweep`` (each product of an 8B decode step over distinct random
 e4m3 matrices, cold in L2, in one CUDA graph, for CUDA-core and tensor-core tiles); winners go
-into ``cuda.fp8_gemv.FP8_GEMV_CONFIGS`` for the engine runs that follow. Engine runs: random weights of
+into ``cuda.fp8_gemv.FP8_GEMV_CONFIGS`` for the engine runs that follow. ``--split-sweep``:
+``fp8_split_sweep.sweep`` (the tensor-core rows kernel with K split across programs, at one
+row and at a verify width, against today's path); winners that beat it go into
+``fp8_gemv.ONE_ROW_CONFIGS`` / ``fp8.ROWS_CONFIGS``. ``--runs-before`` runs engines before the
+sweeps (the same process's A/B). Engine runs: random weights of
 the 8B shape loaded by ``load_model`` (``quantization`` none, then fp8), greedy, batch 1 and
 16 concurrent through ``LLMEngine.step``, the decode graph alone and a verify-shaped graph
 (1 + 3 drafted tokens: the speculation speedup at acceptance 3 is ``3 x t(decode) / t(verify)``,
@@ -21,6 +25,7 @@ import time
 import traceback
 from pathlib import Path
 
+import fp8_split_sweep
 import torch
 from fp8_gemv_sweep import sweep
 from gpu_common import steady_tok_s
@@ -124,6 +129,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--out", default="fp8_bench.json")
+    parser.add_argument("--split-sweep", action="store_true")
+    parser.add_argument("--runs-before", nargs="*", default=[])
     parser.add_argument("--runs", nargs="+", default=["fp8", "none"])
     args = parser.parse_args()
     out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -137,7 +144,16 @@ def main() -> None:
     def save() -> None:
         Path(args.out).write_text(json.dumps(out, indent=1, default=str))
 
-    sections = [("sweep", sweep)] if args.sweep else []
+    sections = [(f"{q}_before_sweeps", lambda q=q: engine_run(q)) for q in args.runs_before]
+    sections += [("sweep", sweep)] if args.sweep else []
+    if args.split_sweep:
+
+        def split() -> dict:
+            res = fp8_split_sweep.sweep()
+            res["installed"] = fp8_split_sweep.install(res)
+            return res
+
+        sections.append(("split_sweep", split))
     sections += [(q, lambda q=q: engine_run(q)) for q in args.runs]
     sections += [("fp8_ngram_equals_plain", spec_equal)]
     for name, fn in sections:

@@ -67,6 +67,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-fused-rows", action="store_true",
                        help="no layer takes the fused skinny form (cuda/skinny.py FUSED_CONFIGS "
                             "emptied): the path before run 59, for an A/B in one run")  # fmt: skip
+    group.add_argument("--one-graph-drafters", choices=["on", "off"],
+                       help="ReDrafter and draft-model steps in one graph (redrafter_device / "
+                            "draft_model_device ENABLED) or on the general path; default: "
+                            "the modules' own setting")  # fmt: skip
     group.add_argument("--fused-table", help="fused_rows_sweep.py --table-out JSON: these "
                        "launch shapes replace cuda/skinny.py FUSED_CONFIGS")  # fmt: skip
 
@@ -111,6 +115,11 @@ def run(args: argparse.Namespace) -> dict:
         from mathagent.serving.engine.cuda import skinny
 
         skinny.FUSED_CONFIGS.clear()
+    if getattr(args, "one_graph_drafters", None):
+        from mathagent.serving.engine.spec_decode import draft_model_device, redrafter_device
+
+        on = args.one_graph_drafters == "on"
+        redrafter_device.ENABLED = draft_model_device.ENABLED = on
     named = {"ngram": "ngram", "redrafter": f"redrafter:{args.drafter}"}
     spec = [named[m] for m in getattr(args, "default_methods", "ngram,redrafter").split(",") if m]
     with tempfile.TemporaryDirectory() as tmp:

@@ -62,35 +62,61 @@ if triton is not None:
             tl.store(q_ptr + row * K + k0 + rk, _quantize_codes(xv, inv), mask=ok)
         tl.store(s_ptr + row, sx)
 
-    @triton.jit(do_not_specialize=["M"])
-    def _rows_kernel(q_ptr, qs_ptr, w_ptr, ws_ptr, y_ptr, r_ptr, M, N, K: tl.constexpr,
-                     MP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     RESID: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
-        # y[M, N] = (q[M, K] . w[N, K]) * qs[M] * ws[N] (+ r[M, N]), computed as [BLOCK_N, MP]
-        # tiles of w . q^T: BLOCK_N >= 64 makes the weight the wgmma's M side; MP (16) the rows.
-        # PDL: launched while the row kernel before it runs; waits for its codes.
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
-        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rm = tl.arange(0, MP)
-        rk = tl.arange(0, BLOCK_K)
-        w_ptrs = w_ptr + rn[:, None] * K + rk[None, :]
-        q_ptrs = q_ptr + rm[:, None] * K + rk[None, :]
-        n_ok, m_ok = rn[:, None] < N, rm[:, None] < M
-        acc = tl.zeros((BLOCK_N, MP), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):  # K % BLOCK_K == 0 (rows_config)
-            w = tl.load(w_ptrs + k0, mask=n_ok, other=0.0, eviction_policy="evict_first")
-            q = tl.load(q_ptrs + k0, mask=m_ok, other=0.0)
-            acc = tl.dot(w, tl.trans(q), acc)
+    @triton.jit
+    def _rows_epilogue(acc, qs_ptr, ws_ptr, y_ptr, r_ptr, rn, rm, M, N, RESID: tl.constexpr):
+        # y = acc * (ws * qs) rounded to y's dtype (the one-row GEMV's rounding), + residual.
         qs = tl.load(qs_ptr + rm, mask=rm < M, other=0.0)
         ws = tl.load(ws_ptr + rn, mask=rn < N, other=0.0)
         dt = y_ptr.dtype.element_ty
-        y = (acc * (ws[:, None] * qs[None, :])).to(dt)  # the one-row GEMV's epilogue rounding
+        y = (acc * (ws[:, None] * qs[None, :])).to(dt)
         offs, ok = rm[None, :] * N + rn[:, None], (rm[None, :] < M) & (rn[:, None] < N)
         if RESID:
             y = (y.to(tl.float32) + tl.load(r_ptr + offs, mask=ok, other=0.0).to(tl.float32)).to(dt)
         tl.store(y_ptr + offs, y, mask=ok)
+
+    @triton.jit(do_not_specialize=["M"])
+    def _rows_kernel(q_ptr, qs_ptr, w_ptr, ws_ptr, y_ptr, r_ptr, part_ptr, cnt_ptr, M, N,
+                     K: tl.constexpr, MP: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, RESID: tl.constexpr,
+                     PDL: tl.constexpr):  # fmt: skip
+        # y[M, N] = (q[M, K] . w[N, K]) * qs[M] * ws[N] (+ r[M, N]), computed as [BLOCK_N, MP]
+        # tiles of w . q^T: BLOCK_N >= 64 makes the weight the wgmma's M side; MP (16) the rows.
+        # SPLIT > 1: program (n, s) sums K's s-th stretch into part[s]; the last of a column
+        # block's SPLIT programs to finish (a counter) adds the parts in order 0..SPLIT-1 (the
+        # same sums whoever finishes last) and writes y, then zeroes the counter for the next
+        # launch. Short products (N / BLOCK_N blocks under the SM count) fill the GPU this way.
+        # PDL: launched while the row kernel before it runs; waits for its codes.
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        pid = tl.program_id(0)
+        KS: tl.constexpr = K // SPLIT
+        k_lo = tl.program_id(1) * KS
+        rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tl.arange(0, MP)
+        rk = tl.arange(0, BLOCK_K)
+        w_ptrs = w_ptr + rn[:, None] * K + k_lo + rk[None, :]
+        q_ptrs = q_ptr + rm[:, None] * K + k_lo + rk[None, :]
+        n_ok, m_ok = rn[:, None] < N, rm[:, None] < M
+        acc = tl.zeros((BLOCK_N, MP), dtype=tl.float32)
+        for k0 in range(0, KS, BLOCK_K):  # KS % BLOCK_K == 0 (RowsConfig.fits)
+            w = tl.load(w_ptrs + k0, mask=n_ok, other=0.0, eviction_policy="evict_first")
+            q = tl.load(q_ptrs + k0, mask=m_ok, other=0.0)
+            acc = tl.dot(w, tl.trans(q), acc)
+        if SPLIT == 1:
+            _rows_epilogue(acc, qs_ptr, ws_ptr, y_ptr, r_ptr, rn, rm, M, N, RESID)
+        else:
+            offs = rm[None, :] * N + rn[:, None]
+            ok = (rm[None, :] < M) & (rn[:, None] < N)
+            tl.store(part_ptr + tl.program_id(1) * M * N + offs, acc, mask=ok)
+            tl.debug_barrier()  # every thread's part is written before the counter moves
+            if tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel") == SPLIT - 1:
+                total = tl.zeros((BLOCK_N, MP), dtype=tl.float32)
+                for s in tl.static_range(SPLIT):
+                    total += tl.load(part_ptr + s * M * N + offs, mask=ok, other=0.0,
+                                     cache_modifier=".cg")  # fmt: skip
+                tl.store(cnt_ptr + pid, 0)
+                _rows_epilogue(total, qs_ptr, ws_ptr, y_ptr, r_ptr, rn, rm, M, N, RESID)
 
 
 @torch.library.custom_op("mathagent::fp8_quantize_rows", mutates_args=())
@@ -118,9 +144,14 @@ class RowsConfig:
     """Launch shape of :func:`rows_linear` for one weight shape."""
 
     block_n: int  # weight rows per program (64 or 128: the wgmma's M side)
-    block_k: int  # must divide K
+    block_k: int  # must divide K / split
     num_warps: int
     num_stages: int  # tiles in flight (Triton's software pipeline of the K loop)
+    split: int = 1  # programs per column block, each over K / split (summed in a fixed order)
+
+    def fits(self, k: int) -> bool:
+        """Whether this launch shape takes a product of inner size ``k``."""
+        return k % self.split == 0 and (k // self.split) % self.block_k == 0
 
 
 MAX_ROWS = 16  # token rows of one rows_linear call (padded to 16)
@@ -142,11 +173,34 @@ def rows_launch(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, weight_s
     """Run the rows kernel: codes ``q [M, K]`` (contiguous, M <= 16), scales ``s [M]``, into
     ``y [M, N]``, adding ``residual [M, N]`` (contiguous) if given."""
     m, (n, k) = q.shape[0], weight.shape
-    _rows_kernel[(triton.cdiv(n, cfg.block_n),)](
-        q, s, weight, weight_scale, y, y if residual is None else residual, m, n, K=k,
-        MP=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, RESID=residual is not None,
-        PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+    blocks = triton.cdiv(n, cfg.block_n)
+    part, counts = y, y  # unused at split 1
+    if cfg.split > 1:
+        part = torch.empty(cfg.split, m, n, dtype=torch.float32, device=q.device)
+        counts = split_counters(blocks, (n, k), q.device)
+    _rows_kernel[(blocks, cfg.split)](
+        q, s, weight, weight_scale, y, y if residual is None else residual, part, counts, m, n,
+        K=k, MP=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split,
+        RESID=residual is not None, PDL=pdl, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
+
+
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def split_counters(blocks: int, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+    """Zeroed int32 counters for a split launch's column blocks, one set per weight shape and
+    device: each launch leaves them zero, and one shape's launches run one after another on the
+    model's stream (a PDL launch touches them only after its wait). Made on the first call, the
+    warm-up before a capture; allocating inside a capture would zero them in the graph."""
+    key = (device, *shape)
+    have = _COUNTERS.get(key)
+    if have is None or have.numel() < blocks:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("fp8 split counters must be made before graph capture")
+        have = _COUNTERS[key] = torch.zeros(blocks, dtype=torch.int32, device=device)
+    return have
 
 
 @torch.library.custom_op("mathagent::fp8_rows_linear", mutates_args=())

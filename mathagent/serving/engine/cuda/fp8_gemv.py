@@ -178,8 +178,14 @@ def rows_fit(weight: torch.Tensor, rows: int) -> bool:
     return FUSED_ROWS and 2 <= rows <= fp8.MAX_ROWS and tuple(weight.shape) in fp8.ROWS_CONFIGS
 
 
-def _rows_gemv(x, weight, weight_scale, norm, residual, eps, silu_mul) -> torch.Tensor:
-    # 2..16 rows: each row's f(x) quantised by the row kernel, then the tensor-core rows kernel
+# One-row products that run on the tensor-core rows kernel (K split across programs) instead of
+# the CUDA-core GEMV, per weight shape: filled by a sweep where it measured faster
+# (benchmarks/fp8_split_sweep.py); empty, every one-row product takes the GEMV.
+ONE_ROW_CONFIGS: dict[tuple[int, int], fp8.RowsConfig] = {}
+
+
+def _rows_gemv(x, weight, weight_scale, norm, residual, eps, silu_mul, cfg) -> torch.Tensor:
+    # Each row's f(x) quantised by the row kernel, then the tensor-core rows kernel
     # (fp8.rows_launch) with the residual add in its epilogue
     n, k = weight.shape
     x2 = x.reshape(-1, x.shape[-1])
@@ -190,7 +196,7 @@ def _rows_gemv(x, weight, weight_scale, norm, residual, eps, silu_mul) -> torch.
     q, s = quantize_input_rows(x2, k, norm, eps, pro, pdl)
     y = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
     r = None if residual is None else residual.reshape(-1, n).contiguous()
-    fp8.rows_launch(q, s, weight, weight_scale, y, fp8.ROWS_CONFIGS[(n, k)], r, pdl)
+    fp8.rows_launch(q, s, weight, weight_scale, y, cfg, r, pdl)
     return y.view(*x.shape[:-1], n)
 
 
@@ -211,9 +217,13 @@ def gemv(
     ``f`` as in :func:`kernels.gemv`. ``config`` (the sweep's knob) overrides the one-row
     launch shape: ``[block_n, block_k, warps]``.
     """
-    if x.numel() != x.shape[-1]:
-        return _rows_gemv(x, weight, weight_scale, norm, residual, eps, silu_mul)
     n, k = weight.shape
+    if x.numel() != x.shape[-1]:
+        cfg = fp8.ROWS_CONFIGS[(n, k)]
+        return _rows_gemv(x, weight, weight_scale, norm, residual, eps, silu_mul, cfg)
+    if config is None and (n, k) in ONE_ROW_CONFIGS:
+        cfg = ONE_ROW_CONFIGS[(n, k)]
+        return _rows_gemv(x, weight, weight_scale, norm, residual, eps, silu_mul, cfg)
     x1 = x.reshape(-1).contiguous()
     pro = 1 if norm is not None else 2 if silu_mul else 0
     cfg = fp8_gemv_config(n, k)

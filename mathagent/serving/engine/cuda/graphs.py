@@ -35,10 +35,14 @@ class CudaGraphRunner:
         max_batch: int,
         scratch_slot: int,
     ) -> None:
-        # Each (batch, width) shape compiles its own layer region; allow many shapes.
+        # Each (batch, width) shape compiles its own layer region, and every engine of a process
+        # (tests, drafters) adds its own: at the limit a fullgraph region fails hard, so the
+        # limits sit far above what one engine's buckets x widths can reach.
         cfg = torch._dynamo.config
         name = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-        setattr(cfg, name, max(getattr(cfg, name), 64))
+        setattr(cfg, name, max(getattr(cfg, name), 1024))
+        if hasattr(cfg, "accumulated_recompile_limit"):
+            cfg.accumulated_recompile_limit = max(cfg.accumulated_recompile_limit, 8192)
         self.forward = CudaForward(model, cache, cos, sin)
         self.device = cos.device
         self.max_batch = max_batch

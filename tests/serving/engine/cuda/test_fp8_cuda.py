@@ -123,6 +123,42 @@ def test_rows_kernel_computes_the_fp8_model(n, k, monkeypatch):
             assert rel(y, ref) < 4e-3, (m, cfg)
 
 
+@pytest.mark.parametrize("split", [2, 4, 8])
+def test_split_rows_compute_the_fp8_model_the_same_every_launch(split, monkeypatch):
+    """K split across programs (RowsConfig.split): each program's part summed in a fixed order
+    by whichever finishes last, so 1..16 rows give the FP8 model, bit for bit the same on every
+    launch and replay, with the counters left at zero; one-row products take the split kernel
+    where ONE_ROW_CONFIGS names their shape (residual and norm fused as on the GEMV)."""
+    n, k = 1000, 4096
+    cfg = cuda_fp8.RowsConfig(64, 128, 4, 3, split)
+    codes, scale = fp8_format.quantize_rows(torch.randn(n, k, device="cuda"))
+    scale = scale.squeeze(-1)
+    for m in (1, 2, 5, 16):
+        x = torch.randn(m, k, device="cuda", dtype=BF16) * 3
+        r = torch.randn(m, n, device="cuda", dtype=BF16)
+        ref = fp8_format.reference_linear(x, codes, scale) + r
+        q, s = cuda_fp8.quantize_rows(x)
+        outs = []
+        for _ in range(3):
+            y = torch.empty(m, n, device="cuda", dtype=BF16)
+            cuda_fp8.rows_launch(q, s.view(-1), codes, scale, y, cfg, r)
+            outs.append(y)
+        assert rel(outs[0], ref) < 4e-3, m
+        assert all(torch.equal(o, outs[0]) for o in outs), m
+        assert not cuda_fp8._COUNTERS[(q.device, n, k)].any()
+        graph, y = torch.cuda.CUDAGraph(), torch.empty(m, n, device="cuda", dtype=BF16)
+        with torch.cuda.graph(graph):
+            cuda_fp8.rows_launch(q, s.view(-1), codes, scale, y, cfg, r)
+        for _ in range(3):
+            graph.replay()
+            assert torch.equal(y, outs[0]), m
+    monkeypatch.setitem(fp8_gemv.ONE_ROW_CONFIGS, (n, k), cfg)
+    x, g = torch.randn(1, k, device="cuda", dtype=BF16), torch.randn(k, device="cuda", dtype=BF16)
+    r = torch.randn(1, n, device="cuda", dtype=BF16)
+    ref = fp8_format.reference_linear(_product_input("norm", x, g, k), codes, scale) + r
+    assert rel(fp8_gemv.gemv(x, codes, scale, norm=g, eps=1e-5, residual=r), ref) < 4e-3
+
+
 @pytest.mark.parametrize("mode", ["plain", "norm", "silu", "resid"])
 def test_fused_rows_compute_the_fp8_model(mode, monkeypatch):
     """The verify rows' fused product (fp8_gemv.gemv at 2..16 rows): each row's f(x) quantised by the

@@ -52,7 +52,9 @@ def test_redrafter_on_graphs_is_one_graph_per_step_and_stays_plain_greedy(
         p.data.normal_(0.0, 0.1)
     drafter = Drafter(DrafterConfig(vocab_size=512, hidden_size=256, exit_dim=512))
     with torch.no_grad():
-        drafter.lm_head[-1].weight.copy_(model.output.weight)  # the target's own head rows
+        # the target's own head rows on the hidden-state half of the drafter's input
+        drafter.lm_head[-1].weight.zero_()
+        drafter.lm_head[-1].weight[:, :256].copy_(model.output.weight)
     drafter.save_pretrained(tmp_path / "redrafter")
     method = f"redrafter:{tmp_path / 'redrafter'}"
     gen = torch.Generator().manual_seed(3)
