@@ -165,6 +165,24 @@ ROWS_CONFIGS: dict[tuple[int, int], RowsConfig] = {
     (28672, 4096): RowsConfig(64, 256, 4, 2),  # 2 rows 31.5 vs 47.5, 5 rows 32.3 vs 46.9, 8 rows 31.8 vs 51.5 us
     (4096, 14336): RowsConfig(64, 256, 4, 5),  # 2 rows 20.1 vs 46.6, 5 rows 19.9 vs 42.6, 8 rows 19.8 vs 42.5 us
 }  # fmt: skip
+# Verify widths (2..FEW_ROWS rows) of the same shapes, with K split across programs where that
+# filled the GPU: run 70 on one H200 (`fp8_bench.py --split-sweep`, benchmarks/
+# fp8_split_sweep_h200_run70.json), 4 rows, row kernel included, us against ROWS_CONFIGS:
+# the verify graph (1 x 4 tokens) went 2.751 -> 2.645 ms; at 16 rows these shapes were 1.5%
+# slower (batch-16 decode), so more rows keep ROWS_CONFIGS.
+FEW_ROWS = 8
+FEW_ROWS_CONFIGS: dict[tuple[int, int], RowsConfig] = {
+    (6144, 4096): RowsConfig(64, 256, 4, 3, split=4),  # 10.30 vs 11.63 us
+    (4096, 4096): RowsConfig(64, 256, 4, 5, split=2),  # 7.61 vs 8.07 us
+    (28672, 4096): RowsConfig(64, 128, 4, 3),  # 31.57 vs 37.31 us
+    (4096, 14336): RowsConfig(64, 256, 4, 5, split=2),  # 20.05 vs 25.57 us
+}
+
+
+def rows_config(n: int, k: int, rows: int) -> RowsConfig:
+    """The launch shape of a ``rows``-row product with ``[n, k]`` weights (a listed shape)."""
+    few = FEW_ROWS_CONFIGS.get((n, k)) if rows <= FEW_ROWS else None
+    return few or ROWS_CONFIGS[(n, k)]
 
 
 def rows_launch(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -210,7 +228,7 @@ def rows_linear(
 ) -> torch.Tensor:  # fmt: skip
     """``(q * s) @ (weight * weight_scale).T`` for 2..16 rows of e4m3 codes ``q [M, K]``."""
     y = torch.empty(q.shape[0], weight.shape[0], dtype=out_dtype, device=q.device)
-    rows_launch(q, s.reshape(-1), weight, weight_scale, y, ROWS_CONFIGS[tuple(weight.shape)])
+    rows_launch(q, s.reshape(-1), weight, weight_scale, y, rows_config(*weight.shape, q.shape[0]))
     return y
 
 

@@ -219,7 +219,7 @@ def gemv(
     """
     n, k = weight.shape
     if x.numel() != x.shape[-1]:
-        cfg = fp8.ROWS_CONFIGS[(n, k)]
+        cfg = fp8.rows_config(n, k, x.numel() // x.shape[-1])
         return _rows_gemv(x, weight, weight_scale, norm, residual, eps, silu_mul, cfg)
     if config is None and (n, k) in ONE_ROW_CONFIGS:
         cfg = ONE_ROW_CONFIGS[(n, k)]
