@@ -20,9 +20,9 @@ import time
 from dataclasses import asdict
 
 import torch
+from fp8_gemv_sweep import Fp8Product
 from gemv_sweep import graph_us, uses
 
-from mathagent.serving.engine import fp8_format
 from mathagent.serving.engine.cuda import fp8, fp8_gemv
 from mathagent.serving.engine.cuda.fp8 import RowsConfig
 from mathagent.serving.engine.random_model import RANDOM_SHAPES
@@ -45,19 +45,14 @@ def candidates(n: int, k: int) -> list[RowsConfig]:
     return out
 
 
-class Product:
-    """Distinct e4m3 weights of one use (one per layer) and an input of ``rows`` rows."""
+class Product(Fp8Product):
+    """``fp8_gemv_sweep``'s product (distinct cold weights, its reference check) over an input
+    of ``rows`` rows, run on the split rows kernel or on today's path."""
 
     def __init__(self, n: int, k: int, pro: int, resid: bool, copies: int, rows: int) -> None:
-        self.n, self.k, self.pro, self.resid, self.rows = n, k, pro, resid, rows
-        self.weights = []
-        for _ in range(copies):
-            w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-            codes, scale = fp8_format.quantize_rows(w)
-            self.weights.append((codes, scale.squeeze(-1).contiguous()))
-        width = 2 * k if pro == 2 else k
-        self.x = torch.randn(rows, width, device="cuda", dtype=torch.bfloat16)
-        self.g = torch.randn(k, device="cuda", dtype=torch.bfloat16)
+        super().__init__(n, k, pro, resid, copies)
+        self.rows = rows
+        self.x = torch.randn(rows, self.x.shape[1], device="cuda", dtype=torch.bfloat16)
         self.r = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
 
     def run(self, cfg: RowsConfig | None, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -68,23 +63,6 @@ class Product:
             return fp8_gemv.gemv(self.x, w, s, norm=norm, residual=resid, eps=1e-5,
                                  silu_mul=self.pro == 2)  # fmt: skip
         return fp8_gemv._rows_gemv(self.x, w, s, norm, resid, 1e-5, self.pro == 2, cfg)
-
-    def check(self, cfg: RowsConfig | None) -> float:
-        """Relative error of one product against the plain-torch FP8 rule."""
-        from mathagent.serving.engine.cuda.forward import rms_norm
-
-        x = self.x
-        if self.pro == 1:
-            x = rms_norm(x, self.g, 1e-5)
-        elif self.pro == 2:
-            x = torch.nn.functional.silu(x[:, : self.k]) * x[:, self.k :]
-        w, s = self.weights[0]
-        ref = fp8_format.reference_linear(x, w, s).float() + (self.r.float() if self.resid else 0)
-        return float((self.run(cfg, w, s).float() - ref).norm() / ref.norm())
-
-    def launch(self, cfg: RowsConfig | None) -> None:
-        for w, s in self.weights:
-            self.run(cfg, w, s)
 
 
 def _compile(job: tuple) -> str | None:

@@ -1,5 +1,5 @@
 """A draft model on the CUDA graphs with the one-graph chain step (``draft_model_device.py``,
-off until this passes on a GPU): greedy output equals plain greedy in float32, the steps run as
+on since run 69): greedy output equals plain greedy in float32, the steps run as
 one graph, and steps launched ahead are used.
 
 Runs only where CUDA and Triton exist; skips on CPU. A float32 target with sharp random weights
@@ -9,44 +9,26 @@ and a draft model that is the target slightly perturbed (its drafts are often ri
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
 
 from mathagent.serving.engine.cuda import kernels as cuda_kernels
+from tests.serving.engine.cuda import tiny
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not cuda_kernels.available(), reason="needs a CUDA device and Triton"),
 ]
 
-SHAPE = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"])  # fmt: skip
-
-
-def _engine(model, eager: bool):
-    from mathagent.serving.engine.config import EngineConfig
-    from mathagent.serving.engine.llm_engine import LLMEngine
-    from mathagent.serving.engine.loader import LoadedModel
-
-    config = EngineConfig(model=None, device=torch.device("cuda"), dtype=torch.float32,
-                          max_batch_size=4, max_seq_len=256, speculative="none", draft_len=3,
-                          draft_beams=1, threads=None, eager=eager, adaptive_draft=False)  # fmt: skip
-    return LLMEngine(config, Path("/nonexistent"), LoadedModel(model, None, "random", None, ()))
-
 
 def test_a_draft_model_on_graphs_is_one_graph_per_step_and_stays_plain_greedy() -> None:
-    from mathagent.serving.engine.model import ModelArgs, Transformer
     from mathagent.serving.engine.sampling_params import SamplingParams
     from mathagent.serving.engine.spec_config import SpecMethod
     from mathagent.serving.engine.spec_decode.draft_model import DraftModelProposer, draft_runner
     from mathagent.serving.engine.spec_decode.draft_model_device import FusedDraftModel
 
-    torch.manual_seed(0)
-    model = Transformer(ModelArgs.from_hf_config(SHAPE)).to("cuda").eval()
-    for p in model.parameters():
-        p.data.normal_(0.0, 0.1)
+    model = tiny.sharp_model()
     draft = copy.deepcopy(model)
     with torch.no_grad():
         for p in draft.parameters():
@@ -58,7 +40,7 @@ def test_a_draft_model_on_graphs_is_one_graph_per_step_and_stays_plain_greedy() 
     spec = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, speculative=str(method))
     outs, fused = [], None
     for eager in (True, False):
-        engine = _engine(model, eager)
+        engine = tiny.engine(model, eager)
         proposer = DraftModelProposer(draft_runner(draft, engine.runner))
         if not eager:
             fused = proposer.fused = FusedDraftModel(proposer, engine.runner)

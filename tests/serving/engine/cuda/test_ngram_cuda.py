@@ -8,51 +8,32 @@ on prompts that repeat themselves, so lookups land.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from mathagent.serving.engine.cuda import kernels as cuda_kernels
+from tests.serving.engine.cuda import tiny
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not cuda_kernels.available(), reason="needs a CUDA device and Triton"),
 ]
 
-SHAPE = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"])  # fmt: skip
-
-
-def _engine(model, eager: bool):
-    from mathagent.serving.engine.config import EngineConfig
-    from mathagent.serving.engine.llm_engine import LLMEngine
-    from mathagent.serving.engine.loader import LoadedModel
-
-    config = EngineConfig(model=None, device=torch.device("cuda"), dtype=torch.float32,
-                          max_batch_size=4, max_seq_len=256, speculative="ngram", draft_len=4,
-                          draft_beams=1, threads=None, eager=eager, adaptive_draft=False)  # fmt: skip
-    return LLMEngine(config, Path("/nonexistent"), LoadedModel(model, None, "random", None, ()))
-
 
 def test_ngram_on_graphs_is_one_graph_per_step_and_stays_plain_greedy() -> None:
-    from mathagent.serving.engine.model import ModelArgs, Transformer
     from mathagent.serving.engine.sampling_params import SamplingParams
     from mathagent.serving.engine.spec_config import SpecMethod
 
-    torch.manual_seed(0)
-    model = Transformer(ModelArgs.from_hf_config(SHAPE)).to("cuda").eval()
-    for p in model.parameters():
-        p.data.normal_(0.0, 0.1)
+    model = tiny.sharp_model()
     gen = torch.Generator().manual_seed(3)
     base = torch.randint(0, 512, (6,), generator=gen).tolist()
     prompts = [base * 4, (base[::-1] * 3)[:15], base * 2 + [7, 8]]
     plain = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, speculative="none")
     spec = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-    eager = _engine(model, eager=True)
+    eager = tiny.engine(model, True, "ngram", draft_len=4)
     reference = [r.token_ids for r in eager.generate(prompts, plain)]
     host = eager.generate(prompts, spec)
-    graphs = _engine(model, eager=False)
+    graphs = tiny.engine(model, False, "ngram", draft_len=4)
     fused = graphs.generate(prompts, spec)
     assert [r.token_ids for r in host] == reference
     assert [r.token_ids for r in fused] == reference
@@ -67,14 +48,10 @@ def test_sampled_ngram_rows_take_the_one_graph_step() -> None:
     sampled acceptance: greedy rows stay plain greedy, a seed gives the same tokens again from
     the same cache state (a cached prompt starts on another schedule, and a step launched
     ahead and thrown away draws too), and lookups are accepted at a low temperature."""
-    from mathagent.serving.engine.model import ModelArgs, Transformer
     from mathagent.serving.engine.sampling_params import SamplingParams
     from mathagent.serving.engine.spec_config import SpecMethod
 
-    torch.manual_seed(0)
-    model = Transformer(ModelArgs.from_hf_config(SHAPE)).to("cuda").eval()
-    for p in model.parameters():
-        p.data.normal_(0.0, 0.1)
+    model = tiny.sharp_model()
     base = torch.randint(0, 512, (6,), generator=torch.Generator().manual_seed(3)).tolist()
     prompts = [base * 4, base * 3 + [7], base * 4, base * 2 + [7, 8]]
     greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
@@ -82,7 +59,7 @@ def test_sampled_ngram_rows_take_the_one_graph_step() -> None:
     sampled = [SamplingParams(max_tokens=40, temperature=0.05, seed=s, ignore_eos=True)
                for s in (1, 2)]  # fmt: skip
     params = [greedy, sampled[0], greedy, sampled[1]]
-    engine = _engine(model, eager=False)
+    engine = tiny.engine(model, False, "ngram", draft_len=4)
     reference = [r.token_ids for r in engine.generate([prompts[0], prompts[2]],
                  greedy.model_copy(update={"speculative": "none"}))]  # fmt: skip
     engine.generate(prompts, params)  # the prompts cached: the runs below start alike

@@ -1,5 +1,5 @@
-"""ReDrafter on the CUDA graphs with the one-graph chain step (``redrafter_device.py``, off
-until this passes on a GPU): greedy output equals plain greedy in float32, the steps run as
+"""ReDrafter on the CUDA graphs with the one-graph chain step (``redrafter_device.py``, on
+since run 71): greedy output equals plain greedy in float32, the steps run as
 one graph, and steps launched ahead are used.
 
 Runs only where CUDA and Triton exist; skips on CPU. A float32 model with sharp random weights
@@ -8,48 +8,29 @@ and a random drafter whose head is the target's own (its drafts are sometimes ri
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from mathagent.serving.engine.cuda import kernels as cuda_kernels
+from tests.serving.engine.cuda import tiny
 
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not cuda_kernels.available(), reason="needs a CUDA device and Triton"),
 ]
 
-SHAPE = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"])  # fmt: skip
-
-
-def _engine(model, eager: bool, beams: int):
-    from mathagent.serving.engine.config import EngineConfig
-    from mathagent.serving.engine.llm_engine import LLMEngine
-    from mathagent.serving.engine.loader import LoadedModel
-
-    config = EngineConfig(model=None, device=torch.device("cuda"), dtype=torch.float32,
-                          max_batch_size=4, max_seq_len=256, speculative="none", draft_len=3,
-                          draft_beams=beams, threads=None, eager=eager, adaptive_draft=False)  # fmt: skip
-    return LLMEngine(config, Path("/nonexistent"), LoadedModel(model, None, "random", None, ()))
-
 
 @pytest.mark.parametrize("beams", [1, 3])
 def test_redrafter_on_graphs_is_one_graph_per_step_and_stays_plain_greedy(
     monkeypatch, tmp_path, beams
 ) -> None:
-    from mathagent.serving.engine.model import ModelArgs, Transformer
     from mathagent.serving.engine.sampling_params import SamplingParams
     from mathagent.serving.engine.spec_config import SpecMethod
     from mathagent.serving.engine.spec_decode import redrafter_device
     from mathagent.serving.engine.spec_decode.redrafter import Drafter, DrafterConfig
 
     monkeypatch.setattr(redrafter_device, "ENABLED", True)
-    torch.manual_seed(0)
-    model = Transformer(ModelArgs.from_hf_config(SHAPE)).to("cuda").eval()
-    for p in model.parameters():
-        p.data.normal_(0.0, 0.1)
+    model = tiny.sharp_model()
     drafter = Drafter(DrafterConfig(vocab_size=512, hidden_size=256, exit_dim=512))
     with torch.no_grad():
         # the target's own head rows on the hidden-state half of the drafter's input
@@ -61,10 +42,10 @@ def test_redrafter_on_graphs_is_one_graph_per_step_and_stays_plain_greedy(
     prompts = [torch.randint(0, 512, (n,), generator=gen).tolist() for n in (12, 7, 20)]
     plain = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
     spec = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, speculative=method)
-    eager = _engine(model, True, beams)
+    eager = tiny.engine(model, True, beams=beams)
     reference = [r.token_ids for r in eager.generate(prompts, plain)]
     assert [r.token_ids for r in eager.generate(prompts, spec)] == reference
-    graphs = _engine(model, False, beams)
+    graphs = tiny.engine(model, False, beams=beams)
     fused = graphs.generate(prompts, spec)
     assert [r.token_ids for r in fused] == reference
     proposer = graphs.speculator.proposer(SpecMethod("redrafter", str(tmp_path / "redrafter")))
