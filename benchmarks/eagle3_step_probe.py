@@ -87,7 +87,7 @@ def main() -> None:
     steps = engine.speculator.proposer(embedded_method(spec)).steps
     if steps is None:
         raise SystemExit("the step probe needs the fused step: CUDA with graphs")
-    key = (1, k)
+    key = (1, k, None)  # (bucket, k, cuts): greedy
     graph = steps._graphs[key]  # a probe: the step's own captured graph and inputs
     saved = graph.inp.packed.clone()
     device_ms = []

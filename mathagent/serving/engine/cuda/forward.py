@@ -182,6 +182,8 @@ class CudaForward:
         # One region per layer: same code and shapes in every layer, so it compiles once.
         self.layer = torch.compile(layer_step, fullgraph=True, dynamic=False)
         self.head = torch.compile(self._head, fullgraph=True, dynamic=False)
+        # the kept streams are concatenated beside the last layers and the head (GPU_NOTES run 75)
+        self.side = torch.cuda.Stream(device=cos.device) if cos.is_cuda else None
 
     def _product_weights(self) -> list[torch.Tensor]:
         """One layer's plain (not FP8) product weights and the head's."""
@@ -227,13 +229,28 @@ class CudaForward:
         streams entering the model's ``capture`` layers (EAGLE-3's features), else None."""
         h = F.embedding(inp.tokens, self.model.tok_embeddings.weight)  # [B, T, H]
         delta, capture, kept = None, self.model.capture, []
+        joined = None
         for i, weights in enumerate(self.weights):
             if i in capture:
                 kept.append(h if delta is None else h + delta)
+                if len(kept) == len(capture):
+                    joined = self._join(kept)
             h, delta = self.layer(
                 self.shape, weights, h, delta, self.k[i], self.v[i], self.cos, self.sin, inp
             )
         if len(self.weights) in capture:
             kept.append(h if delta is None else h + delta)
+            joined = self._join(kept)
         logits, hidden = self.head(h, delta)
-        return logits, hidden, torch.cat(kept, dim=-1) if kept else None
+        if joined is not None and self.side is not None:
+            torch.cuda.current_stream().wait_stream(self.side)  # ``kept`` stays alive until here
+        return logits, hidden, joined
+
+    def _join(self, kept: list[torch.Tensor]) -> torch.Tensor:
+        """The kept streams as one tensor [B, T, n * H], made on the side stream (off the
+        step's critical path) when there is one; the caller waits for it before returning."""
+        if self.side is None:
+            return torch.cat(kept, dim=-1)
+        self.side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side):
+            return torch.cat(kept, dim=-1)

@@ -335,8 +335,8 @@ def skinny(
     x2 = x.reshape(-1, x.shape[-1])
     rows = x2.shape[0]
     fused = norm is not None or residual is not None or silu_mul or glu
-    if not 1 <= rows <= MAX_ROWS or (rows == 1 and not fused):
-        raise ValueError(f"skinny takes {1 if fused else 2}..{MAX_ROWS} rows, got {rows}")
+    if not 1 <= rows <= MAX_ROWS:
+        raise ValueError(f"skinny takes 1..{MAX_ROWS} rows, got {rows}")
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     cfg = skinny_config(n, k, weight.element_size(), rows, fused)

@@ -349,28 +349,44 @@ class ChainStep:
         else:
             beams = self.drafter.run(inp, k)
         tree = TreeBatch(beams if beams.dim() == 3 else beams[:, None], [])
-        c = inp.start + (k + 1)  # [B] the root's position
-        nodes = torch.arange(tree.nodes, device=c.device)
-        write = c[:, None] + nodes
-        pos = c[:, None] + tree.node_depths()[None]  # rope positions: root, then each depth
-        for name, value in (("tokens", tree.tokens()), ("positions", pos), ("write", write)):
-            getattr(verify, name).copy_(value)
-        verify.write_slot.copy_(inp.slots[:, None].expand_as(write))  # type: ignore[attr-defined]
-        verify.slots.copy_(inp.slots)  # type: ignore[attr-defined]
-        verify.start.copy_(c)  # type: ignore[attr-defined]
+        c = self.feed(tree.beams, tree.node_depths(), inp, verify)  # [B] the root's position
         logits, hidden, captured = self.graphs.forward(verify)
         accepted, path, tokens = self._accept(tree.beams, logits, tree.parents())  # path [B, 1 + k]
         if sampling is not None:
             greedy = (accepted, path, tokens)
             assert cuts is not None
             accepted, path, tokens = accept_sampled(tree.beams, logits, sampling, greedy, cuts, q)
-        if tree.width > 1:
+        return self.finish(inp, c, accepted, path, tokens, hidden, captured, tree.width)
+
+    @staticmethod
+    def feed(beams: Tensor, depths: Tensor, inp: ChainInputs, verify: object) -> Tensor:
+        """Write the verify forward's inputs (``verify``'s packed buffer, in one copy) for the
+        tree of ``beams [B, W, 1 + k]`` (node depths ``depths``) rooted at each row's ``c``;
+        returns ``c [B]``."""
+        width = beams.shape[-1]
+        c = inp.start + width  # the root's position (the window holds k + 1 tokens before it)
+        tokens = TreeBatch(beams, []).tokens()  # [B, nodes]
+        write = c[:, None] + torch.arange(tokens.shape[1], device=c.device)
+        pos = c[:, None] + depths[None]  # rope positions: root, then each depth
+        slot = inp.slots[:, None].expand_as(write)
+        grids = torch.stack([tokens, pos, write, slot]).flatten()  # StepInputs.packed's order
+        verify.packed.copy_(torch.cat([grids, inp.slots, c]))  # type: ignore[attr-defined]
+        return c
+
+    def finish(
+        self, inp: ChainInputs, c: Tensor, accepted: Tensor, path: Tensor, tokens: Tensor,
+        hidden: Tensor, captured: Tensor | None, width: int,
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """After acceptance: move a tree's accepted path into place, let the drafter see the
+        committed nodes, and advance ``inp``; ``(outcome [B, 2 + k], last hidden [B, H])``."""
+        if width > 1:
             forward = self.graphs.forward
             move_path((forward.k, forward.v), inp.slots, c, path)
         kept = None if captured is None else captured.gather(
             1, path[..., None].expand(-1, -1, captured.shape[-1])
         )  # fmt: skip
-        self.drafter.verified(inp, c[:, None] + nodes[: k + 1], kept)
+        steps = torch.arange(path.shape[1], device=c.device)
+        self.drafter.verified(inp, c[:, None] + steps, kept)
         node = path.gather(1, accepted[:, None])[..., None].expand(-1, 1, hidden.shape[-1])
         outcome, last = torch.cat([accepted[:, None], tokens], 1), hidden.gather(1, node)[:, 0]
         settled = getattr(self.drafter, "settled", None)  # a drafter that drafts from it

@@ -74,6 +74,10 @@ class Eagle3Proposer:
         cos, sin = rope_table(cfg.layer_args(), seq)
         self.cos, self.sin = cos.to(dev, self.dtype), sin.to(dev, self.dtype)  # [S, D]
         self._project: Callable[[Tensor], Tensor] | None = None
+        # the [V', H] rows scoring the draft columns when they are one float matrix (the
+        # fused head step on CUDA multiplies them itself); None: through ``logits`` only
+        own = None if cfg.lm_head_from_target else self.head.lm_head.weight
+        self.draft_rows: Tensor | None = own
         # slot -> (the sequence whose tokens the slot's layer K/V follow, positions valid)
         self._slot_layer: dict[int, tuple[Sequence, int]] = {}
         self.layers = aux_layers(cfg, model.args)
@@ -97,6 +101,8 @@ class Eagle3Proposer:
         """Score draft columns with ``project`` (normed output [N, H] -> [N, V']), e.g. the
         target's own (possibly quantized) head rows when the head is tied to it."""
         self._project = project
+        rows = getattr(project, "rows_weight", None)  # a float head's rows as one matrix
+        self.draft_rows = None if rows is None else rows.to(self.dtype)
 
     def logits(self, out: Tensor) -> Tensor:
         """Draft-vocabulary logits [N, V'] (float32) of the layer's output [N, H]."""

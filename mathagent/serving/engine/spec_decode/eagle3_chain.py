@@ -38,6 +38,7 @@ class HeadState(Protocol):
     embedding: Tensor  # [V, H]
     ids: Tensor  # [V'] target id of each draft column
     feats: Tensor  # [slots, seq, H] fused target features by position
+    draft_rows: Tensor | None  # [V', H] the rows scoring draft columns, when one float matrix
     k: Tensor  # [slots, Hkv, seq, D] the layer's K/V by position
     v: Tensor
     cos: Tensor  # [seq, D]
@@ -60,11 +61,12 @@ class Eagle3Chain:
         # fuses: eager, one head step was ~45 small kernels, 0.3-0.45 ms of a ~2 ms chain step
         # (benchmarks/GPU_NOTES.md, runs 23 and 27)
         self._next, self._cuda_step = self._next_token, self._cuda_layer
-        self._sample = self._sampled_token
+        self._sample, self._cuda_window = self._sampled_token, self._window_layer
         if graphs is not None:
             self._next = torch.compile(self._next_token, dynamic=False)
             self._cuda_step = torch.compile(self._cuda_layer, dynamic=False)
             self._sample = torch.compile(self._sampled_token, dynamic=False)
+            self._cuda_window = torch.compile(self._window_layer, dynamic=False)
 
     def draft(
         self, slots: list[int], starts: list[int], windows: list[list[int]], k: int
@@ -129,11 +131,13 @@ class Eagle3Chain:
     ) -> Tensor:
         """Settle the windows, then draft ``k`` tokens, ``pick(j, layer output [B, H])`` the
         ``j``-th, with ``k - 1`` one-token steps of the layer between them."""
-        p, width = self.p, inp.window.shape[1]
-        offsets = torch.arange(width, device=self.device)
-        pos = inp.start[:, None] + offsets  # [B, T]
-        hidden = p.feats[inp.slots[:, None], pos]  # [B, T, H]
-        out = self._layer(inp, inp.window, hidden, pos, inp.causal, kv_len)
+        width = inp.window.shape[1]
+        if self.graphs is not None:  # the window's positions and features inside the region
+            out = self._cuda_window(inp.window, inp.slots, inp.start, inp.causal)
+        else:
+            pos = inp.start[:, None] + torch.arange(width, device=self.device)  # [B, T]
+            hidden = self.p.feats[inp.slots[:, None], pos]  # [B, T, H]
+            out = self._layer(inp, inp.window, hidden, pos, inp.causal, kv_len)
         last = out[:, -1:]  # [B, 1, H] the layer's output at c - 1
         drafted = [inp.window[:, -1]]
         for j in range(k):
@@ -169,10 +173,15 @@ class Eagle3Chain:
 
     def _cuda_layer(self, tokens: Tensor, hidden: Tensor, pos: Tensor, slots: Tensor,
                     start: Tensor, tree: Tensor) -> Tensor:  # fmt: skip
-        """:meth:`_layer` on CUDA: the Triton split-KV attention over the head's slot cache."""
+        """:meth:`_layer` on CUDA: the Triton split-KV attention over the head's slot cache.
+        Up to 16 rows the layer is the target's fused one-row form (:func:`_fused_layer`)."""
+        from mathagent.serving.engine.cuda import skinny
         from mathagent.serving.engine.cuda.attention import decode_attention
 
         p = self.p
+        qkv = p.head.midlayer.qkv
+        if tokens.numel() <= skinny.MAX_ROWS and qkv is not None and skinny.skinny_fits(qkv):
+            return _fused_layer(p, tokens, hidden, pos, slots, start, tree)
         mid = p.head.midlayer
         cos, sin = p.cos[pos][:, :, None], p.sin[pos][:, :, None]
         residual, q, k, v = mid.project(p.embedding[tokens], hidden.to(p.dtype), cos, sin)
@@ -182,9 +191,28 @@ class Eagle3Chain:
         att = decode_attention(q.transpose(1, 2), p.k, p.v, slots, start, tree)
         return mid.finish(residual, att.transpose(1, 2))
 
+    def _window_layer(self, window: Tensor, slots: Tensor, start: Tensor, causal: Tensor) -> Tensor:
+        """:meth:`_cuda_layer` over each row's window ``[B, T]`` from ``start``, its features
+        read from the per-slot buffer."""
+        pos = start[:, None] + torch.arange(window.shape[1], device=start.device)  # [B, T]
+        return self._cuda_layer(
+            window, self.p.feats[slots[:, None], pos], pos, slots, start, causal
+        )
+
+    def _draft_logits(self, last: Tensor) -> Tensor:
+        """Draft-vocabulary logits [B, V'] (float32) of the layer's output ``last [B, H]``; on
+        CUDA with the rows as one matrix, the head's norm runs inside the product."""
+        from mathagent.serving.engine.cuda import skinny
+
+        p, rows = self.p, self.p.draft_rows
+        if self.graphs is None or rows is None or last.shape[0] > skinny.MAX_ROWS:
+            return p.logits(last)
+        norm = p.head.norm
+        return skinny.skinny(last, rows, norm=norm.weight, eps=norm.eps).float()
+
     def _next_token(self, last: Tensor) -> Tensor:
         """The target id of the head's greedy draft from the layer's output ``last [B, H]``."""
-        return self.p.ids[self.p.logits(last).argmax(-1)]
+        return self.p.ids[self._draft_logits(last).argmax(-1)]
 
     def _sampled_token(
         self, last: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, u: Tensor,
@@ -193,7 +221,7 @@ class Eagle3Chain:
         """The target id of each row's draft, sampled at ``u [B]`` from the head's warped
         distribution (argmax where the temperature is 0), and that distribution ``[B, V]``
         over the target's vocabulary (zero outside the draft vocabulary)."""
-        logits = self.p.logits(last)  # [B, V']
+        logits = self._draft_logits(last)  # [B, V']
         batch = SamplingBatch(temperature, top_p, top_k, [], False, Cuts(top_k_max, cut_p))
         probs = Sampler.probs(logits, batch)
         col = torch.where(temperature == 0, logits.argmax(-1), Sampler.sample_at(probs, u))
@@ -216,3 +244,30 @@ class Eagle3Chain:
         graph, out = self.graphs.capture_body(lambda: self.run(inp, k))
         host = torch.zeros(inp.packed.numel(), dtype=torch.long).pin_memory()
         self._captured[(batch, k)] = (graph, inp, [host, None], out)
+
+
+def _fused_layer(p: HeadState, tokens: Tensor, hidden: Tensor, pos: Tensor, slots: Tensor,
+                 start: Tensor, tree: Tensor) -> Tensor:  # fmt: skip
+    """The head's layer on up to 16 rows as the target's fused layer runs (``forward.layer_step``):
+    the products in the skinny kernel with the norms, the SiLU product and the residual adds
+    inside them, rotary and the K/V write inside the attention; 8 kernels where Inductor's
+    form took 14, with cuBLAS products at 3-5 us each (benchmarks/GPU_NOTES.md, run 75)."""
+    from mathagent.serving.engine.cuda import skinny
+    from mathagent.serving.engine.cuda.attention import rope_attention
+
+    mid = p.head.midlayer
+    hidden = hidden.to(p.dtype)
+    normed = mid.hidden_norm(hidden)
+    residual = normed if mid.cfg.norm_before_residual else hidden
+    x = torch.cat([mid.input_layernorm(p.embedding[tokens]), normed], dim=-1)  # [B, T, 2H]
+    qkv = skinny.skinny(x, mid.qkv)
+    b, t = tokens.shape
+    att = rope_attention(qkv, p.k, p.v, slots, start, tree, pos, p.cos, p.sin,
+                         mid.cfg.num_attention_heads)  # fmt: skip
+    h = skinny.skinny(att.reshape(b, t, -1), mid.self_attn.o_proj.weight, residual=residual)
+    post, gate_up, down = mid.post_attention_layernorm, mid.mlp.gate_up, mid.mlp.down_proj.weight
+    if skinny.glu_form(gate_up, b * t):
+        act = skinny.skinny(h, gate_up, norm=post.weight, eps=post.eps, glu=True)
+        return skinny.skinny(act, down, residual=h)
+    both = skinny.skinny(h, gate_up, norm=post.weight, eps=post.eps)
+    return skinny.skinny(both, down, residual=h, silu_mul=True)

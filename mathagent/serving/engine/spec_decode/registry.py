@@ -69,8 +69,18 @@ def head_rows(head: nn.Module, rows: Tensor | None) -> Callable[[Tensor], Tensor
         return head
     if isinstance(head, Int8Linear):
         return head.rows(rows)
-    weight = head.weight.detach()[rows.to(head.weight.device)]
-    return lambda x: F.linear(x.to(weight.dtype), weight)
+    return HeadRows(head.weight.detach()[rows.to(head.weight.device)])
+
+
+class HeadRows:
+    """Rows of a float vocabulary head, callable as the head is; ``rows_weight`` [V', H] lets a
+    drafter multiply them inside its own fused kernels."""
+
+    def __init__(self, weight: Tensor) -> None:
+        self.rows_weight = weight
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return F.linear(x.to(self.rows_weight.dtype), self.rows_weight)
 
 
 def load_proposer(method: SpecMethod, target: ModelRunner, beams: int, model_dir: Path) -> Proposer:

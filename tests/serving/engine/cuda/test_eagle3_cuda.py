@@ -279,3 +279,41 @@ def test_sampled_rows_take_the_one_graph_step_and_keep_the_target_law(model) -> 
     # the random head's drafts mostly fall outside the target's top 4 (probability 0 there):
     # acceptance is the n-gram test's and the default model's (GPU_NOTES run 65) to show
     assert sum(r.metrics.speculative["drafted_tokens"] for r in sampled) > 0
+
+
+def test_the_fused_head_layer_equals_the_eager_layer(model) -> None:
+    """The head's layer as the graphs run it (skinny products with the norms, SiLU product and
+    residual adds inside, rotary and the K/V write inside the attention) against the layer
+    written out in PyTorch, at a window of 5 rows and one drafted row; and its draft logits
+    with the norm inside the product against the head's own."""
+    from mathagent.serving.engine.spec_decode.eagle3_chain import _fused_layer
+    from mathagent.serving.engine.spec_decode.eagle3_head import attend
+
+    _, p = _engine(model, eager=False)
+    model.capture = ()
+    mid = p.head.midlayer
+    gen = torch.Generator().manual_seed(4)
+    for rows, width in ((2, 5), (1, 1)):
+        slots = torch.tensor([1, 3][:rows], device="cuda")
+        start = torch.tensor([10, 37][:rows], device="cuda")
+        pos = start[:, None] + torch.arange(width, device="cuda")
+        tokens = torch.randint(0, 2048, (rows, width), generator=gen).cuda()
+        hidden = torch.randn(rows, width, 512, generator=gen).cuda()
+        tree = torch.tril(torch.ones(width, width, dtype=torch.int8, device="cuda"))
+        tree = tree.expand(rows, width, width).contiguous()
+        k, v = p.k.clone(), p.v.clone()
+        out = _fused_layer(p, tokens, hidden, pos, slots, start, tree)
+        cos, sin = p.cos[pos][:, :, None], p.sin[pos][:, :, None]
+        residual, q, kk, vv = mid.project(p.embedding[tokens], hidden, cos, sin)
+        k[slots[:, None], :, pos], v[slots[:, None], :, pos] = (
+            kk.transpose(1, 2),
+            vv.transpose(1, 2),
+        )
+        n = int(pos.max()) + 1
+        seen = torch.arange(n, device="cuda")[None, None, None] <= pos[:, None, :, None]
+        ref = mid.finish(residual, attend(q, k[slots, :, :n], v[slots, :, :n], seen))
+        assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4), (out - ref).abs().max()
+        assert torch.allclose(p.k, k, atol=1e-5) and torch.allclose(p.v, v, atol=1e-5)
+        last = ref[:, -1]
+        logits = p.chains._draft_logits(last)
+        assert torch.allclose(logits, p.logits(last), rtol=1e-4, atol=1e-4)

@@ -72,3 +72,61 @@ def test_branches_stack_their_chains_sample_the_first_and_hear_every_verify() ->
     pos = torch.arange(4).expand(2, 4)
     tree.verified(inp, pos, None)
     assert len(head.seen) == len(lookup.seen) == 1
+
+
+class _Kept(_Chain):
+    """A drafter that keeps the streams it is shown, as EAGLE-3's head fuses them."""
+
+    def __init__(self, slots: int, seq: int, width: int) -> None:
+        super().__init__(0)
+        self.feats = torch.zeros(slots, seq, width)
+
+    def verified(self, inp: ChainInputs, pos: torch.Tensor, captured) -> None:
+        self.feats[inp.slots[:, None].expand_as(pos), pos] = captured
+
+
+def _glue_case():
+    """One tree step's inputs and outcome on the CPU: ``ChainStep.feed`` then ``finish``."""
+    from types import SimpleNamespace
+
+    from mathagent.serving.engine.cuda.forward import StepInputs
+    from mathagent.serving.engine.spec_decode.tree_batch import TreeBatch
+
+    gen = torch.Generator().manual_seed(3)
+    k, width, bucket, layers, seq, hidden = 3, 2, 4, 2, 40, 5
+    kv = [torch.randn(layers, SCRATCH + 1, 1, seq, 2, generator=gen) for _ in range(2)]
+    graphs = SimpleNamespace(forward=SimpleNamespace(k=kv[0], v=kv[1]), scratch_slot=SCRATCH)
+    drafter = _Kept(SCRATCH + 1, seq, 3)
+    step = ChainStep(drafter, graphs, width)
+    inp = ChainInputs.allocate(bucket, k + 1, torch.device("cpu"))
+    values = ChainInputs.columns([0, 4, 7, SCRATCH], [5, 9, 0, 0], [[1, 2, 3, 4]] * bucket)
+    inp.packed.copy_(torch.tensor(values))
+    beams = torch.randint(0, 50, (bucket, width, k + 1), generator=gen)
+    tree = TreeBatch(beams, [])
+    verify = StepInputs.allocate(bucket, tree.nodes, torch.device("cpu"))
+    c = step.feed(tree.beams, tree.node_depths(), inp, verify)
+    nodes = tree.nodes
+    hidden_states = torch.randn(bucket, nodes, hidden, generator=gen)
+    captured = torch.randn(bucket, nodes, 3, generator=gen)
+    accepted = torch.tensor([2, 0, 3, 1])
+    path = torch.tensor([[0, 4, 5, 5], [0, 0, 0, 0], [0, 1, 2, 3], [0, 1, 1, 1]])
+    tokens = torch.randint(0, 50, (bucket, k + 1), generator=gen)
+    out = step.finish(inp, c, accepted, path, tokens, hidden_states, captured, width)
+    return c, verify, inp, kv, drafter.feats, out, (hidden_states, captured, path, accepted)
+
+
+def test_the_verify_inputs_and_the_step_after_it() -> None:
+    """What a captured chain step writes around its verify forward: the forward's inputs (root
+    at ``c = start + k + 1``, nodes at consecutive write positions, rope positions by depth,
+    every node on the row's slot, all in one copy into the packed buffer), the accepted path's
+    K/V and kept streams moved into place, the outcome and the next step's inputs."""
+    c, verify, _, kv, feats, (outcome, last), (hidden, captured, _, accepted) = _glue_case()
+    assert c.tolist() == [9, 13, 4, 4]
+    assert verify.slots.tolist() == [0, 4, 7, SCRATCH] and verify.start.tolist() == c.tolist()
+    assert verify.write[0].tolist() == list(range(9, 16))
+    assert verify.positions[0].tolist() == [9, 10, 11, 12, 10, 11, 12]  # two beams of depth 3
+    assert (verify.write_slot[1] == 4).all()
+    assert outcome[:, 0].tolist() == accepted.tolist()
+    assert torch.equal(last[0], hidden[0, 5])  # row 0 accepted 2 drafts of beam 1: node 5
+    assert torch.equal(feats[0, 9 + 2], captured[0, 5])  # its stream, moved to position c + 2
+    assert torch.equal(kv[0][:, 0, :, 9 + 1], kv[0][:, 0, :, 9 + 4])  # and its K/V
