@@ -250,8 +250,8 @@ def _fused_layer(p: HeadState, tokens: Tensor, hidden: Tensor, pos: Tensor, slot
                  start: Tensor, tree: Tensor) -> Tensor:  # fmt: skip
     """The head's layer on up to 16 rows as the target's fused layer runs (``forward.layer_step``):
     the products in the skinny kernel with the norms, the SiLU product and the residual adds
-    inside them, rotary and the K/V write inside the attention; 8 kernels where Inductor's
-    form took 14, with cuBLAS products at 3-5 us each (benchmarks/GPU_NOTES.md, run 75)."""
+    inside them, rotary and the K/V write inside the attention: 7 kernels where Inductor's
+    form around cuBLAS products (3-5 us each) took 12 (benchmarks/GPU_NOTES.md, runs 75, 77)."""
     from mathagent.serving.engine.cuda import skinny
     from mathagent.serving.engine.cuda.attention import rope_attention
 
