@@ -71,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="ReDrafter and draft-model steps in one graph (redrafter_device / "
                             "draft_model_device ENABLED) or on the general path; default: "
                             "the modules' own setting")  # fmt: skip
+    group.add_argument("--chain-glue", choices=["on", "off"],
+                       help="the chain step's verify inputs, K/V moves and advance as three Triton "
+                            "kernels (cuda.chain_glue; off by default until measured)")  # fmt: skip
     group.add_argument("--fused-table", help="fused_rows_sweep.py --table-out JSON: these "
                        "launch shapes replace cuda/skinny.py FUSED_CONFIGS")  # fmt: skip
 
@@ -115,6 +118,10 @@ def run(args: argparse.Namespace) -> dict:
         from mathagent.serving.engine.cuda import skinny
 
         skinny.FUSED_CONFIGS.clear()
+    if getattr(args, "chain_glue", None):
+        from mathagent.serving.engine.cuda import chain_glue
+
+        chain_glue.ENABLED = args.chain_glue == "on"
     if getattr(args, "one_graph_drafters", None):
         from mathagent.serving.engine.spec_decode import draft_model_device, redrafter_device
 

@@ -201,8 +201,12 @@ class ChainStep:
         # acceptance as one compiled region: eager, the argmax over the vocabulary and ~30
         # small index kernels took ~60 us of a 1.5 ms step (benchmarks/GPU_NOTES.md, run 51)
         self._accept = accept_longest
+        self._glue = None  # cuda.chain_glue when on: the tensor work around the verify
         if drafter.device.type == "cuda":
             self._accept = torch.compile(accept_longest, dynamic=False)
+            from mathagent.serving.engine.cuda import chain_glue
+
+            self._glue = chain_glue if chain_glue.usable(drafter.device) else None
 
     def fits(self, rows: int, k: int) -> bool:
         """Whether :meth:`step` takes ``rows`` rows drafting ``k`` (a captured verify shape)."""
@@ -349,7 +353,11 @@ class ChainStep:
         else:
             beams = self.drafter.run(inp, k)
         tree = TreeBatch(beams if beams.dim() == 3 else beams[:, None], [])
-        c = self.feed(tree.beams, tree.node_depths(), inp, verify)  # [B] the root's position
+        if self._glue is not None:
+            c = self._glue.feed(tree.beams, tree.node_depths(), inp.slots, inp.start,
+                                verify.packed)  # type: ignore[attr-defined]  # fmt: skip
+        else:
+            c = self.feed(tree.beams, tree.node_depths(), inp, verify)  # [B] the root's position
         logits, hidden, captured = self.graphs.forward(verify)
         accepted, path, tokens = self._accept(tree.beams, logits, tree.parents())  # path [B, 1 + k]
         if sampling is not None:
@@ -379,20 +387,28 @@ class ChainStep:
     ) -> tuple[Tensor, Tensor]:  # fmt: skip
         """After acceptance: move a tree's accepted path into place, let the drafter see the
         committed nodes, and advance ``inp``; ``(outcome [B, 2 + k], last hidden [B, H])``."""
+        glue = self._glue
         if width > 1:
             forward = self.graphs.forward
-            move_path((forward.k, forward.v), inp.slots, c, path)
+            (move_path if glue is None else glue.move_path)(
+                (forward.k, forward.v), inp.slots, c, path
+            )
         kept = None if captured is None else captured.gather(
             1, path[..., None].expand(-1, -1, captured.shape[-1])
         )  # fmt: skip
         steps = torch.arange(path.shape[1], device=c.device)
         self.drafter.verified(inp, c[:, None] + steps, kept)
-        node = path.gather(1, accepted[:, None])[..., None].expand(-1, 1, hidden.shape[-1])
-        outcome, last = torch.cat([accepted[:, None], tokens], 1), hidden.gather(1, node)[:, 0]
+        scratch = self.graphs.scratch_slot
+        if glue is not None:  # the outcome, the last hidden state and the advance in one launch
+            outcome, last = glue.advance(inp.slots, inp.start, inp.window, accepted,
+                                               tokens, path, hidden, scratch)  # fmt: skip
+        else:
+            node = path.gather(1, accepted[:, None])[..., None].expand(-1, 1, hidden.shape[-1])
+            outcome, last = torch.cat([accepted[:, None], tokens], 1), hidden.gather(1, node)[:, 0]
+            self.advance(inp, accepted, tokens, scratch)
         settled = getattr(self.drafter, "settled", None)  # a drafter that drafts from it
         if settled is not None:
             settled(inp, last)
-        self.advance(inp, accepted, tokens, self.graphs.scratch_slot)
         return outcome, last
 
     @staticmethod

@@ -317,3 +317,80 @@ def test_the_fused_head_layer_equals_the_eager_layer(model) -> None:
         last = ref[:, -1]
         logits = p.chains._draft_logits(last)
         assert torch.allclose(logits, p.logits(last), rtol=1e-4, atol=1e-4)
+
+
+def test_the_step_glue_kernels_equal_the_pytorch_glue() -> None:
+    """``cuda.chain_glue`` (one launch each for the verify inputs, the accepted path's K/V
+    move, and the outcome with the next step's inputs) against the step's PyTorch forms, over
+    random trees of one and two beams, padded rows on the scratch slot included."""
+    from mathagent.serving.engine.cuda import chain_glue
+    from mathagent.serving.engine.cuda.forward import StepInputs
+    from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, ChainStep
+    from mathagent.serving.engine.spec_decode.tree_batch import (
+        TreeBatch,
+        accept_longest,
+        move_path,
+    )
+
+    gen, dev, scratch = torch.Generator().manual_seed(1), torch.device("cuda"), 9
+    for bucket, width, k in ((4, 2, 3), (1, 2, 6), (2, 1, 4), (8, 2, 6)):
+        for _ in range(5):
+            inp = ChainInputs.allocate(bucket, k + 1, dev)
+            slots = torch.randperm(scratch, generator=gen)[:bucket]
+            slots[-1] = scratch if bucket > 1 else slots[-1]
+            starts = torch.randint(0, 30, (bucket,), generator=gen)
+            windows = torch.randint(0, 100, (bucket, k + 1), generator=gen)
+            inp.packed.copy_(torch.cat([slots, starts, windows.flatten()]))
+            tree = TreeBatch(
+                torch.randint(-1, 50, (bucket, width, k + 1), generator=gen).cuda(), []
+            )
+            want, got = (StepInputs.allocate(bucket, tree.nodes, dev) for _ in range(2))
+            c = ChainStep.feed(tree.beams, tree.node_depths(), inp, want)
+            c2 = chain_glue.feed(tree.beams, tree.node_depths(), inp.slots, inp.start, got.packed)
+            assert torch.equal(c, c2) and torch.equal(want.packed, got.packed)
+            logits = torch.randn(bucket, tree.nodes, 50, generator=gen).cuda()
+            accepted, path, tokens = accept_longest(tree.beams, logits, tree.parents())
+            kv = [torch.randn(3, scratch + 1, 2, 64, 16, generator=gen).cuda() for _ in range(2)]
+            kv2 = [x.clone() for x in kv]
+            move_path(kv, inp.slots, c, path)
+            chain_glue.move_path(kv2, inp.slots, c, path)
+            assert all(torch.equal(a, b) for a, b in zip(kv, kv2, strict=True))
+            hidden = torch.randn(bucket, tree.nodes, 24, generator=gen).cuda()
+            twin = ChainInputs.allocate(bucket, k + 1, dev)
+            twin.packed.copy_(inp.packed)
+            node = path.gather(1, accepted[:, None])[..., None].expand(-1, 1, 24)
+            outcome, last = torch.cat([accepted[:, None], tokens], 1), hidden.gather(1, node)[:, 0]
+            ChainStep.advance(inp, accepted, tokens, scratch)
+            got_outcome, got_last = chain_glue.advance(twin.slots, twin.start, twin.window,
+                                                       accepted, tokens, path, hidden, scratch)  # fmt: skip
+            assert torch.equal(outcome, got_outcome) and torch.equal(last, got_last)
+            assert torch.equal(inp.packed, twin.packed)
+
+
+def test_eagle3_with_the_step_glue_kernels_drafts_and_accepts_as_without(model, monkeypatch):
+    """The whole greedy step with ``cuda.chain_glue`` on (one beam and the lookup branch's two):
+    output stays plain greedy and each request drafts and accepts exactly what it does with
+    the PyTorch glue (run 78's compiled glue kept the output but lost acceptance)."""
+    from mathagent.serving.engine.cuda import chain_glue
+    from mathagent.serving.engine.sampling_params import SamplingParams
+
+    gen = torch.Generator().manual_seed(31)
+    prompts = [torch.randint(0, 2048, (n,), generator=gen).tolist() for n in (7, 12, 9)]
+    plain = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    spec = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, speculative=METHOD)
+    runs = {}
+    for on in (False, True):
+        monkeypatch.setattr(chain_glue, "ENABLED", on)
+        engine, proposer = _engine(model, eager=False)
+        ref = [r.token_ids for r in engine.generate(prompts, plain)]
+        runs[on] = (ref, engine.generate(prompts, spec), engine.generate(prompts[:1], spec))
+        assert (proposer.steps._glue is not None) == on
+        model.capture = ()
+    for on in (False, True):
+        ref, batch, one = runs[on]
+        assert [r.token_ids for r in batch] == ref and one[0].token_ids == ref[0]
+    same = ("drafted_at", "accepted_at", "target_forwards")
+    for a, b in zip(runs[False][1] + runs[False][2], runs[True][1] + runs[True][2], strict=True):
+        assert {k: a.metrics.speculative[k] for k in same} == {
+            k: b.metrics.speculative[k] for k in same
+        }
