@@ -394,3 +394,68 @@ def test_eagle3_with_the_step_glue_kernels_drafts_and_accepts_as_without(model, 
         assert {k: a.metrics.speculative[k] for k in same} == {
             k: b.metrics.speculative[k] for k in same
         }
+
+
+class _Scripted:
+    """A draft-length policy that plays a fixed list of draft lengths (then plain), settled:
+    steps launch ahead whenever the next one has the same length."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = list(lengths)
+
+    def _next(self) -> int:
+        return self.lengths[0] if self.lengths else 0
+
+    def choose(self, batch: int) -> int:
+        return self.lengths.pop(0) if self.lengths else 0
+
+    def plain_next(self, batch: int) -> bool:
+        return self._next() == 0
+
+    def keeps(self, batch: int, k: int) -> bool:
+        return self._next() == k
+
+    def observed(self, *args) -> None: ...
+
+    def caught_up(self, *args) -> None: ...
+
+    def accepted(self, *args) -> None: ...
+
+
+def test_plain_steps_keep_the_heads_layer_settled_on_graphs(model, monkeypatch) -> None:
+    """With ``SETTLE_IN_DECODE`` the tail graph of each plain step writes the head layer's K/V
+    at the position before it: after speculative, plain, then speculative steps again, the
+    second stretch settles at most a step's commits eagerly (not every plain position), the
+    head's K/V equal what the layer computes over the whole sequence at once, and the output
+    stays plain greedy."""
+    from mathagent.serving.engine.sampling_params import SamplingParams
+    from mathagent.serving.engine.spec_decode import eagle3
+
+    monkeypatch.setattr(eagle3, "SETTLE_IN_DECODE", True)
+    prompt = torch.randint(0, 2048, (11,), generator=torch.Generator().manual_seed(9)).tolist()
+    plain = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    spec = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, speculative=METHOD)
+    engine, p = _engine(model, eager=False)
+    ref = engine.generate([prompt], plain)[0].token_ids
+    engine.speculator.policy = _Scripted([4, 4, *[0] * 16, 4, 4])
+    settles: list[tuple[int, int]] = []
+    layer = p._layer
+
+    def spy(slot, emb, hidden, start, end):
+        settles.append((start, end))
+        return layer(slot, emb, hidden, start, end)
+
+    monkeypatch.setattr(p, "_layer", spy)
+    out = engine.generate([prompt], spec)[0]
+    assert out.token_ids == ref
+    late = [s for s in settles if s[0] > len(prompt)]  # after the first settle of the prompt
+    assert late and all(end - start <= 5 for start, end in late), settles
+    seq_ids = prompt + out.token_ids
+    n = len(seq_ids) - 2  # positions settled by the end: through the last plain / committed
+    slot = p._slot_layer and next(iter(p._slot_layer))
+    k, v = p.k[slot, :, :n].clone(), p.v[slot, :, :n].clone()
+    emb = p.embedding[torch.tensor(seq_ids[1 : n + 1], device="cuda")]
+    layer(slot, emb[None], p.feats[slot, :n][None], 0, n)
+    assert torch.allclose(k[:, : n - 8], p.k[slot, :, : n - 8], atol=1e-3)
+    assert torch.allclose(v[:, : n - 8], p.v[slot, :, : n - 8], atol=1e-3)
+    model.capture = ()

@@ -406,3 +406,48 @@ def test_sampled_drafts_follow_the_heads_warped_law(engine, heads) -> None:
     assert int((law > 0).sum()) == int(kept.sum())  # the top-p cut on the head's own law
     counts = torch.bincount(tokens[1:], minlength=law.numel()).double()
     assert chi_square_p(counts, law.double()) > 0.01
+
+
+def test_plain_decode_steps_keep_the_heads_layer_settled(tiny_engine, monkeypatch) -> None:
+    """With ``SETTLE_IN_DECODE``: a one-token step's feature sink, given the step's token, also
+    writes the head layer's K/V at the position before it (the pair is complete there), as the
+    layer itself writes them; after such a plain step the row counts that position settled,
+    settling eagerly only what lay between (a speculative step's commits)."""
+    from types import SimpleNamespace
+
+    from mathagent.serving.engine.spec_decode import eagle3
+    from mathagent.serving.engine.spec_decode.proposal import SpecRow
+
+    monkeypatch.setattr(eagle3, "SETTLE_IN_DECODE", True)
+    p = tiny_engine.speculator.proposer(SpecMethod("eagle3", str(Path(__file__).parent)))
+    gen = torch.Generator().manual_seed(5)
+    slot, n = 3, 14
+    ids = torch.randint(0, p.embedding.shape[0], (n + 1,), generator=gen).tolist()
+    p.feats[slot, :n] = torch.randn(n, p.feats.shape[-1], generator=gen)
+    emb = p.embedding[torch.tensor(ids[1 : n + 1])]
+    p._layer(slot, emb[None], p.feats[slot, :n][None], 0, n)  # the reference: all n at once
+    want_k, want_v = p.k[slot, :, :n].clone(), p.v[slot, :, :n].clone()
+    p.k[slot].zero_()
+    p.v[slot].zero_()
+    slots = torch.tensor([slot])
+    fc_in = p.head.fc.weight.shape[1]
+    for t in range(1, n + 1):  # plain steps at positions 1..n, each with its input token
+        features = p.feats[slot, t].clone()
+        p.fuse(slots, torch.tensor([[t]]), torch.zeros(1, 1, fc_in), torch.tensor([[ids[t]]]))
+        p.feats[slot, t] = features  # (the sink wrote this step's own; keep the reference's)
+    assert torch.allclose(p.k[slot, :, :n], want_k, atol=1e-5)
+    assert torch.allclose(p.v[slot, :, :n], want_v, atol=1e-5)
+    # bookkeeping: settled through 5; a plain step now at position 11 settled 10 in its tail
+    p.k[slot, :, 5:10].zero_()
+    seq = SimpleNamespace(slot=slot, num_cached=12, all_ids=ids)
+    state = {"n": 5}
+    monkeypatch.setattr(tiny_engine.runner, "tail_decoded", True)
+    p.plain_stepped(SpecRow(seq, None, state, None))
+    assert state["n"] == 11 and p._slot_layer[slot] == (seq, 11)
+    assert torch.allclose(p.k[slot, :, :n], want_k, atol=1e-5)
+    other = {"n": 0}
+    monkeypatch.setattr(tiny_engine.runner, "tail_decoded", False)  # an eager step: no claim
+    p.plain_stepped(SpecRow(seq, None, other, None))
+    assert other == {"n": 0}
+    monkeypatch.setattr(eagle3, "SETTLE_IN_DECODE", False)
+    p.plain_stepped(SpecRow(seq, None, {}, None))  # never settled: nothing to keep up
