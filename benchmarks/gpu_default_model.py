@@ -71,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="ReDrafter and draft-model steps in one graph (redrafter_device / "
                             "draft_model_device ENABLED) or on the general path; default: "
                             "the modules' own setting")  # fmt: skip
+    group.add_argument("--settle-in-decode", choices=["on", "off"],
+                       help="plain steps keep the EAGLE-3 head's layer settled "
+                            "(eagle3.SETTLE_IN_DECODE; off by default until measured)")  # fmt: skip
     group.add_argument("--chain-glue", choices=["on", "off"],
                        help="the chain step's verify inputs, K/V moves and advance as three Triton "
                             "kernels (cuda.chain_glue; off by default until measured)")  # fmt: skip
@@ -118,6 +121,10 @@ def run(args: argparse.Namespace) -> dict:
         from mathagent.serving.engine.cuda import skinny
 
         skinny.FUSED_CONFIGS.clear()
+    if getattr(args, "settle_in_decode", None):
+        from mathagent.serving.engine.spec_decode import eagle3
+
+        eagle3.SETTLE_IN_DECODE = args.settle_in_decode == "on"
     if getattr(args, "chain_glue", None):
         from mathagent.serving.engine.cuda import chain_glue
 
