@@ -71,6 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="ReDrafter and draft-model steps in one graph (redrafter_device / "
                             "draft_model_device ENABLED) or on the general path; default: "
                             "the modules' own setting")  # fmt: skip
+    group.add_argument("--draft-top-p", choices=["on", "off"],
+                       help="sampled EAGLE-3 chains drawn with the row's top-p cut (on, the "
+                            "default) or at its temperature and top-k only "
+                            "(eagle3_chain.DRAFT_TOP_P)")  # fmt: skip
     group.add_argument("--settle-in-decode", choices=["on", "off"],
                        help="plain steps keep the EAGLE-3 head's layer settled "
                             "(eagle3.SETTLE_IN_DECODE; off by default until measured)")  # fmt: skip
@@ -121,6 +125,10 @@ def run(args: argparse.Namespace) -> dict:
         from mathagent.serving.engine.cuda import skinny
 
         skinny.FUSED_CONFIGS.clear()
+    if getattr(args, "draft_top_p", None):
+        from mathagent.serving.engine.spec_decode import eagle3_chain
+
+        eagle3_chain.DRAFT_TOP_P = args.draft_top_p == "on"
     if getattr(args, "settle_in_decode", None):
         from mathagent.serving.engine.spec_decode import eagle3
 

@@ -30,6 +30,13 @@ if TYPE_CHECKING:
     from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
 
 
+# Sampled chains on CUDA draw from the head's distribution cut by the row's top-p too (its sort
+# at every draft step cost 0.25 ms of a 1.96 ms step, GPU_NOTES run 72). Off: drawn at the
+# row's temperature and top-k only, top-p left to the target's side of the rule (lossless:
+# q is what the chain was drawn from); not yet measured on its own.
+DRAFT_TOP_P = True
+
+
 class HeadState(Protocol):
     """What the drafter reads of an EAGLE-3 proposer: the head and its per-slot buffers."""
 
@@ -119,7 +126,7 @@ class Eagle3Chain:
 
         def pick(j: int, last: Tensor) -> Tensor:
             token, q = self._sample(last, warp.temperature, warp.top_p, warp.top_k, u[:, j],
-                                    cuts.top_k, cuts.top_p)  # fmt: skip
+                                    cuts.top_k, cuts.top_p and DRAFT_TOP_P)  # fmt: skip
             qs.append(q)
             return token
 

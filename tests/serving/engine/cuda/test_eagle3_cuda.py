@@ -223,12 +223,19 @@ def test_the_lookup_branch_on_graphs_is_one_tree_step_and_equals_eager(model) ->
     assert graph_engine.speculator.proposer(SpecMethod("eagle3", "/random-head")) is graph_proposer
 
 
-def test_sampled_rows_take_the_one_graph_step_and_keep_the_target_law(model) -> None:
+@pytest.mark.parametrize("draft_top_p", [True, False])
+def test_sampled_rows_take_the_one_graph_step_and_keep_the_target_law(
+    model, monkeypatch, draft_top_p
+) -> None:
     """Sampled requests run the one-graph step too (lossless speculative sampling of the head's
     chain at uniforms their own generators drew): the first three generated tokens follow the
     target's warped law (chi-square against the law enumerated over the top-k support), greedy
-    rows sharing their batches stay plain greedy."""
+    rows sharing their batches stay plain greedy; with the head's chain drawn with the row's
+    top-p cut or without it (``DRAFT_TOP_P``)."""
     from mathagent.serving.engine.sampler import Sampler, SamplingBatch
+    from mathagent.serving.engine.spec_decode import eagle3_chain
+
+    monkeypatch.setattr(eagle3_chain, "DRAFT_TOP_P", draft_top_p)
     from mathagent.serving.engine.sampling_params import SamplingParams
     from tests.serving.engine.spec_decode.stats import chi_square_p
 
