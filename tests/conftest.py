@@ -6,6 +6,10 @@ from __future__ import annotations
 import pytest
 
 from mathagent.config import EngineSettings, Settings
+from tests import triton_interpreter
+
+# before any test module defines a Triton kernel: on a host without CUDA they run interpreted
+triton_interpreter.enable()
 
 
 @pytest.fixture

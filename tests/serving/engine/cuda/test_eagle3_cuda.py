@@ -3,6 +3,8 @@ EAGLE-3 engine replays graphs (it ran eagerly before: 28 tok/s on the H200, GPU_
 and its features, drafts and output equal the eager engine's.
 
 Runs only where CUDA and Triton exist; skips on CPU. A float32 model with sharp random weights.
+The kernels alone (attention, the head's fused layer, the step's glue) are checked against
+their PyTorch forms in ``tests/serving/engine/test_triton_kernels.py``, on CPU hosts too.
 """
 
 from __future__ import annotations
@@ -286,92 +288,6 @@ def test_sampled_rows_take_the_one_graph_step_and_keep_the_target_law(
     # the random head's drafts mostly fall outside the target's top 4 (probability 0 there):
     # acceptance is the n-gram test's and the default model's (GPU_NOTES run 65) to show
     assert sum(r.metrics.speculative["drafted_tokens"] for r in sampled) > 0
-
-
-def test_the_fused_head_layer_equals_the_eager_layer(model) -> None:
-    """The head's layer as the graphs run it (skinny products with the norms, SiLU product and
-    residual adds inside, rotary and the K/V write inside the attention) against the layer
-    written out in PyTorch, at a window of 5 rows and one drafted row; and its draft logits
-    with the norm inside the product against the head's own."""
-    from mathagent.serving.engine.spec_decode.eagle3_chain import _fused_layer
-    from mathagent.serving.engine.spec_decode.eagle3_head import attend
-
-    _, p = _engine(model, eager=False)
-    model.capture = ()
-    mid = p.head.midlayer
-    gen = torch.Generator().manual_seed(4)
-    for rows, width in ((2, 5), (1, 1)):
-        slots = torch.tensor([1, 3][:rows], device="cuda")
-        start = torch.tensor([10, 37][:rows], device="cuda")
-        pos = start[:, None] + torch.arange(width, device="cuda")
-        tokens = torch.randint(0, 2048, (rows, width), generator=gen).cuda()
-        hidden = torch.randn(rows, width, 512, generator=gen).cuda()
-        tree = torch.tril(torch.ones(width, width, dtype=torch.int8, device="cuda"))
-        tree = tree.expand(rows, width, width).contiguous()
-        k, v = p.k.clone(), p.v.clone()
-        out = _fused_layer(p, tokens, hidden, pos, slots, start, tree)
-        cos, sin = p.cos[pos][:, :, None], p.sin[pos][:, :, None]
-        residual, q, kk, vv = mid.project(p.embedding[tokens], hidden, cos, sin)
-        k[slots[:, None], :, pos], v[slots[:, None], :, pos] = (
-            kk.transpose(1, 2),
-            vv.transpose(1, 2),
-        )
-        n = int(pos.max()) + 1
-        seen = torch.arange(n, device="cuda")[None, None, None] <= pos[:, None, :, None]
-        ref = mid.finish(residual, attend(q, k[slots, :, :n], v[slots, :, :n], seen))
-        assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4), (out - ref).abs().max()
-        assert torch.allclose(p.k, k, atol=1e-5) and torch.allclose(p.v, v, atol=1e-5)
-        last = ref[:, -1]
-        logits = p.chains._draft_logits(last)
-        assert torch.allclose(logits, p.logits(last), rtol=1e-4, atol=1e-4)
-
-
-def test_the_step_glue_kernels_equal_the_pytorch_glue() -> None:
-    """``cuda.chain_glue`` (one launch each for the verify inputs, the accepted path's K/V
-    move, and the outcome with the next step's inputs) against the step's PyTorch forms, over
-    random trees of one and two beams, padded rows on the scratch slot included."""
-    from mathagent.serving.engine.cuda import chain_glue
-    from mathagent.serving.engine.cuda.forward import StepInputs
-    from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, ChainStep
-    from mathagent.serving.engine.spec_decode.tree_batch import (
-        TreeBatch,
-        accept_longest,
-        move_path,
-    )
-
-    gen, dev, scratch = torch.Generator().manual_seed(1), torch.device("cuda"), 9
-    for bucket, width, k in ((4, 2, 3), (1, 2, 6), (2, 1, 4), (8, 2, 6)):
-        for _ in range(5):
-            inp = ChainInputs.allocate(bucket, k + 1, dev)
-            slots = torch.randperm(scratch, generator=gen)[:bucket]
-            slots[-1] = scratch if bucket > 1 else slots[-1]
-            starts = torch.randint(0, 30, (bucket,), generator=gen)
-            windows = torch.randint(0, 100, (bucket, k + 1), generator=gen)
-            inp.packed.copy_(torch.cat([slots, starts, windows.flatten()]))
-            tree = TreeBatch(
-                torch.randint(-1, 50, (bucket, width, k + 1), generator=gen).cuda(), []
-            )
-            want, got = (StepInputs.allocate(bucket, tree.nodes, dev) for _ in range(2))
-            c = ChainStep.feed(tree.beams, tree.node_depths(), inp, want)
-            c2 = chain_glue.feed(tree.beams, tree.node_depths(), inp.slots, inp.start, got.packed)
-            assert torch.equal(c, c2) and torch.equal(want.packed, got.packed)
-            logits = torch.randn(bucket, tree.nodes, 50, generator=gen).cuda()
-            accepted, path, tokens = accept_longest(tree.beams, logits, tree.parents())
-            kv = [torch.randn(3, scratch + 1, 2, 64, 16, generator=gen).cuda() for _ in range(2)]
-            kv2 = [x.clone() for x in kv]
-            move_path(kv, inp.slots, c, path)
-            chain_glue.move_path(kv2, inp.slots, c, path)
-            assert all(torch.equal(a, b) for a, b in zip(kv, kv2, strict=True))
-            hidden = torch.randn(bucket, tree.nodes, 24, generator=gen).cuda()
-            twin = ChainInputs.allocate(bucket, k + 1, dev)
-            twin.packed.copy_(inp.packed)
-            node = path.gather(1, accepted[:, None])[..., None].expand(-1, 1, 24)
-            outcome, last = torch.cat([accepted[:, None], tokens], 1), hidden.gather(1, node)[:, 0]
-            ChainStep.advance(inp, accepted, tokens, scratch)
-            got_outcome, got_last = chain_glue.advance(twin.slots, twin.start, twin.window,
-                                                       accepted, tokens, path, hidden, scratch)  # fmt: skip
-            assert torch.equal(outcome, got_outcome) and torch.equal(last, got_last)
-            assert torch.equal(inp.packed, twin.packed)
 
 
 def test_eagle3_with_the_step_glue_kernels_drafts_and_accepts_as_without(model, monkeypatch):

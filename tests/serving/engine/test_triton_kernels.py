@@ -1,0 +1,322 @@
+"""The CUDA path's Triton kernels against their PyTorch forms, on any host with Triton.
+
+On a CUDA device they run as compiled; elsewhere Triton's interpreter runs them on CPU tensors
+(``tests/triton_interpreter.py``), so every commit checks what the device machine, lent for a
+few minutes a session, would otherwise be the first to run: the one-row and skinny products
+with their fused norms, SiLU products and residuals, the split-KV attention with tree masks and
+rotary inside, the EAGLE-3 head's fused layer, and the chain step's glue. Shapes are small
+enough for the interpreter; the CUDA modules keep the large ones, graph replay and speed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mathagent.serving.engine.cuda import attention as cuda_attention
+from mathagent.serving.engine.cuda import kernels as cuda_kernels
+from mathagent.serving.engine.cuda import skinny as sk
+from tests import triton_interpreter
+
+
+@pytest.fixture(scope="module")
+def dev() -> torch.device:
+    if cuda_kernels.available():
+        return torch.device("cuda")
+    if triton_interpreter.interpreting():
+        return torch.device("cpu")
+    pytest.skip("needs Triton: on a CUDA device, or its interpreter on the CPU")
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
+
+
+def fused_reference(x, w, kw):
+    """The eager model's rounding order: f(x) in the model dtype, the product (summed in
+    float32, rounded once, as cuBLAS and the kernels do), the residual."""
+    from mathagent.serving.engine.cuda.forward import rms_norm
+
+    if "norm" in kw:
+        x = rms_norm(x, kw["norm"], kw["eps"])
+    if kw.get("silu_mul"):
+        x = F.silu(x[..., : w.shape[1]]) * x[..., w.shape[1] :]
+    y = F.linear(x.float(), w.float()).to(x.dtype)
+    if kw.get("glu"):
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    return y + kw["residual"] if "residual" in kw else y
+
+
+@pytest.mark.parametrize("mode", ["plain", "norm", "silu", "resid"])
+def test_gemv_computes_the_fused_one_row_product(dev, mode):
+    torch.manual_seed(0)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        n, k = 600, 1024
+        w = torch.randn(n, k, device=dev, dtype=dtype) * k**-0.5
+        x = torch.randn(1, 2 * k if mode == "silu" else k, device=dev, dtype=dtype)
+        kw: dict = {
+            "norm": dict(norm=(torch.rand(k, device=dev) + 0.5).to(dtype), eps=1e-5),
+            "silu": dict(silu_mul=True),
+            "resid": dict(residual=torch.randn(1, n, device=dev, dtype=dtype)),
+        }.get(mode, {})
+        assert rel(cuda_kernels.gemv(x, w, **kw), fused_reference(x, w, kw)) < tol, dtype
+
+
+@pytest.mark.parametrize("dot", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_skinny_computes_the_fused_layer_ops(dev, dot, dtype):
+    """Norm / SiLU prologue, residual epilogue and silu(gate) * up epilogue (glu) at 1 and
+    13 rows, both kernel forms, whole K and K in 3 slices, the default model's widths (fewer
+    output rows), against the eager ops within float32 summation order or one bf16 rounding."""
+    torch.manual_seed(2)
+    cases = {"norm": (96, 576), "resid": (72, 576), "glu": (128, 576), "silu": (64, 1536),
+             "plain": (80, 1536)}  # fmt: skip
+    tol = 2e-5 if dtype == torch.float32 else 8e-3  # summation order; or one bf16 rounding
+    for mode, (n, k) in cases.items():
+        w = torch.randn(n, k, device=dev, dtype=dtype) * k**-0.5
+        out = n // 2 if mode == "glu" else n
+        for rows in (1, 13):  # 13: padded to 16
+            x = torch.randn(2, rows, 2 * k if mode == "silu" else k, device=dev, dtype=dtype)[1]
+            kw: dict = {}
+            if mode in ("norm", "glu"):
+                kw = dict(norm=(torch.rand(k, device=dev) + 0.5).to(dtype), eps=1e-5)
+            kw.update({"glu": True} if mode == "glu" else {})
+            if mode in ("resid", "silu", "plain"):
+                kw["residual"] = torch.randn(rows, out, device=dev, dtype=dtype)
+            kw.update({"silu_mul": True} if mode == "silu" else {})
+            ref = fused_reference(x, w, kw)
+            for split in (1, 3):  # K = 576 / 1536 in 3 slices of whole tiles
+                block_k = 64 if dot or split > 1 else 128  # 128: a partial last tile at 576
+                cfg = sk.SkinnyConfig(16 if dot else 4, block_k, 4, dot, split=split, pdl=False)
+                y = torch.empty(rows, out, device=dev, dtype=dtype)
+                sk.launch(x, w, y, cfg, kw.get("norm"), kw.get("residual"), kw.get("eps", 1e-6),
+                          kw.get("silu_mul", False), kw.get("glu", False))  # fmt: skip
+                assert max_rel(y, ref) < tol, (mode, rows, split)
+
+
+def test_decode_attention_matches_sdpa_with_tree(dev):
+    b, t, h, hkv, d, max_seq = 2, 3, 8, 2, 64, 300
+    q = torch.randn(b, t, h, d, device=dev)
+    k, v = (torch.randn(3, hkv, max_seq, d, device=dev) for _ in range(2))
+    slots, start = torch.tensor([2, 0], device=dev), torch.tensor([200, 5], device=dev)
+    tree = torch.tril(torch.ones(t, t, dtype=torch.int8, device=dev)).repeat(b, 1, 1)
+    tree[0, 2, 1] = 0
+    out = cuda_attention.decode_attention(q, k, v, slots, start, tree)
+    for i in range(b):
+        total = int(start[i]) + t
+        keys = k[slots[i], :, :total].repeat_interleave(h // hkv, 0)
+        vals = v[slots[i], :, :total].repeat_interleave(h // hkv, 0)
+        mask = torch.ones(t, total, dtype=torch.bool, device=dev)
+        mask[:, int(start[i]) :] = tree[i].bool()
+        ref = F.scaled_dot_product_attention(q[i].transpose(0, 1), keys, vals, attn_mask=mask)
+        assert rel(out[i], ref.transpose(0, 1)) < 1e-5
+
+
+def test_rope_attention_equals_rotate_scatter_attend(dev):
+    """Rotary + K/V write inside the kernel == rotate, write, then decode_attention."""
+    from mathagent.serving.engine.cuda.forward import rotate
+
+    b, t, h, hkv, d, max_seq = 2, 5, 8, 2, 64, 128
+    qkv = torch.randn(b, t, (h + 2 * hkv) * d, device=dev)
+    k_cache, v_cache = (torch.randn(3, hkv, max_seq, d, device=dev) for _ in range(2))
+    slots, start = torch.tensor([2, 0], device=dev), torch.tensor([70, 125], device=dev)
+    positions = (start[:, None] + torch.arange(t, device=dev) - 1).contiguous()
+    freqs = torch.outer(torch.arange(256.0), 1e-4 ** (torch.arange(0, d, 2) / d)).to(dev)
+    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
+    tree = torch.tril(torch.ones(t, t, dtype=torch.int8, device=dev)).repeat(b, 1, 1)
+    tree[0, 3, 1] = 0
+    q, k, v = qkv.split([h * d, hkv * d, hkv * d], -1)
+    c, s = cos[positions][:, :, None], sin[positions][:, :, None]
+    q, k = rotate(q.view(b, t, h, d), c, s), rotate(k.view(b, t, hkv, d), c, s)
+    k_ref, v_ref = k_cache.clone(), v_cache.clone()
+    for i in range(b):
+        n = min(t, max_seq - int(start[i]))  # writes past the cache are dropped
+        k_ref[slots[i], :, int(start[i]) : int(start[i]) + n] = k[i, :n].transpose(0, 1)
+        v_ref[slots[i], :, int(start[i]) : int(start[i]) + n] = v.view(b, t, hkv, d)[
+            i, :n
+        ].transpose(0, 1)
+    ref = cuda_attention.decode_attention(q.contiguous(), k_ref, v_ref, slots, start, tree)
+    out = cuda_attention.rope_attention(
+        qkv, k_cache, v_cache, slots, start, tree, positions, cos, sin, h
+    )
+    assert rel(k_cache, k_ref) < 1e-6 and rel(v_cache, v_ref) < 1e-6
+    assert rel(out, ref) < 1e-5
+
+
+def _eagle3_proposer(dev: torch.device):
+    """A random EAGLE-3 head (hidden 512, 8 heads, vocabulary 512) over a 2-layer random
+    target on ``dev``."""
+    from pathlib import Path
+
+    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.llm_engine import LLMEngine
+    from mathagent.serving.engine.loader import LoadedModel
+    from mathagent.serving.engine.model import ModelArgs, Transformer
+    from mathagent.serving.engine.spec_decode.eagle3 import Eagle3Proposer
+    from mathagent.serving.engine.spec_decode.eagle3_head import Eagle3Config, Eagle3Head
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                 num_attention_heads=8, num_key_value_heads=4, architectures=["LlamaForCausalLM"])  # fmt: skip
+    model = Transformer(ModelArgs.from_hf_config(shape)).to(dev).eval()
+    for p in model.parameters():
+        p.data.normal_(0.0, 0.08)
+    config = EngineConfig(model=None, device=dev, dtype=torch.float32, max_batch_size=4,
+                          max_seq_len=128, speculative="none", draft_len=4, draft_beams=1,
+                          threads=None, eager=True, adaptive_draft=False)  # fmt: skip
+    engine = LLMEngine(config, Path("/nonexistent"), LoadedModel(model, None, "random", None, ()))
+    a = model.args
+    cfg = Eagle3Config(a.hidden_size, 256, a.num_heads, a.num_kv_heads, a.vocab_size,
+                       a.vocab_size, head_dim=a.head_dim, aux_layer_ids=(0, 1, a.num_layers))  # fmt: skip
+    head = Eagle3Head(cfg)
+    head.set_draft_vocab(torch.arange(a.vocab_size))
+    with torch.no_grad():
+        head.lm_head.weight.copy_(model.output.weight)
+    proposer = Eagle3Proposer(head, engine.runner, 1)
+    model.capture = ()
+    return proposer
+
+
+def test_the_fused_head_layer_equals_the_eager_layer(dev) -> None:
+    """The EAGLE-3 head's layer as the CUDA graphs run it (skinny products with the norms, SiLU
+    product and residual adds inside, rotary and the K/V write inside the attention) against
+    the layer written out in PyTorch, at a window of 5 rows and one drafted row; and its draft
+    logits with the norm inside the product against the head's own."""
+    from mathagent.serving.engine.spec_decode.eagle3_chain import _fused_layer
+    from mathagent.serving.engine.spec_decode.eagle3_head import attend
+
+    p = _eagle3_proposer(dev)
+    mid = p.head.midlayer
+    gen = torch.Generator().manual_seed(4)
+    for rows, width in ((2, 5), (1, 1)):
+        slots = torch.tensor([1, 3][:rows], device=dev)
+        start = torch.tensor([10, 37][:rows], device=dev)
+        pos = start[:, None] + torch.arange(width, device=dev)
+        tokens = torch.randint(0, 512, (rows, width), generator=gen).to(dev)
+        hidden = torch.randn(rows, width, 512, generator=gen).to(dev)
+        tree = torch.tril(torch.ones(width, width, dtype=torch.int8, device=dev))
+        tree = tree.expand(rows, width, width).contiguous()
+        k, v = p.k.clone(), p.v.clone()
+        out = _fused_layer(p, tokens, hidden, pos, slots, start, tree)
+        cos, sin = p.cos[pos][:, :, None], p.sin[pos][:, :, None]
+        residual, q, kk, vv = mid.project(p.embedding[tokens], hidden, cos, sin)
+        k[slots[:, None], :, pos], v[slots[:, None], :, pos] = (
+            kk.transpose(1, 2),
+            vv.transpose(1, 2),
+        )
+        n = int(pos.max()) + 1
+        seen = torch.arange(n, device=dev)[None, None, None] <= pos[:, None, :, None]
+        ref = mid.finish(residual, attend(q, k[slots, :, :n], v[slots, :, :n], seen))
+        assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4), (out - ref).abs().max()
+        assert torch.allclose(p.k, k, atol=1e-5) and torch.allclose(p.v, v, atol=1e-5)
+        last = ref[:, -1]
+        rows_weight = p.head.lm_head.weight.to(p.dtype)
+        norm = p.head.norm
+        logits = sk.skinny(last, rows_weight, norm=norm.weight, eps=norm.eps).float()
+        assert torch.allclose(logits, p.logits(last), rtol=1e-4, atol=1e-4)
+
+
+def test_the_step_glue_kernels_equal_the_pytorch_glue(dev) -> None:
+    """``cuda.chain_glue`` (one launch each for the verify inputs, the accepted path's K/V
+    move, and the outcome with the next step's inputs) against the step's PyTorch forms, over
+    random trees of one and two beams, padded rows on the scratch slot included."""
+    from mathagent.serving.engine.cuda import chain_glue
+    from mathagent.serving.engine.cuda.forward import StepInputs
+    from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, ChainStep
+    from mathagent.serving.engine.spec_decode.tree_batch import (
+        TreeBatch,
+        accept_longest,
+        move_path,
+    )
+
+    gen, scratch = torch.Generator().manual_seed(1), 9
+    for bucket, width, k in ((4, 2, 3), (1, 2, 6), (2, 1, 4), (8, 2, 6)):
+        for _ in range(3):
+            inp = ChainInputs.allocate(bucket, k + 1, dev)
+            slots = torch.randperm(scratch, generator=gen)[:bucket]
+            slots[-1] = scratch if bucket > 1 else slots[-1]
+            starts = torch.randint(0, 30, (bucket,), generator=gen)
+            windows = torch.randint(0, 100, (bucket, k + 1), generator=gen)
+            inp.packed.copy_(torch.cat([slots, starts, windows.flatten()]))
+            beams = torch.randint(-1, 50, (bucket, width, k + 1), generator=gen)
+            tree = TreeBatch(beams.to(dev), [])
+            want, got = (StepInputs.allocate(bucket, tree.nodes, dev) for _ in range(2))
+            c = ChainStep.feed(tree.beams, tree.node_depths(), inp, want)
+            c2 = chain_glue.feed(tree.beams, tree.node_depths(), inp.slots, inp.start, got.packed)
+            assert torch.equal(c, c2) and torch.equal(want.packed, got.packed)
+            logits = torch.randn(bucket, tree.nodes, 50, generator=gen).to(dev)
+            accepted, path, tokens = accept_longest(tree.beams, logits, tree.parents())
+            kv = [torch.randn(3, scratch + 1, 2, 64, 16, generator=gen).to(dev) for _ in range(2)]
+            kv2 = [x.clone() for x in kv]
+            move_path(kv, inp.slots, c, path)
+            chain_glue.move_path(kv2, inp.slots, c, path)
+            assert all(torch.equal(a, b) for a, b in zip(kv, kv2, strict=True))
+            hidden = torch.randn(bucket, tree.nodes, 24, generator=gen).to(dev)
+            twin = ChainInputs.allocate(bucket, k + 1, dev)
+            twin.packed.copy_(inp.packed)
+            node = path.gather(1, accepted[:, None])[..., None].expand(-1, 1, 24)
+            outcome, last = torch.cat([accepted[:, None], tokens], 1), hidden.gather(1, node)[:, 0]
+            ChainStep.advance(inp, accepted, tokens, scratch)
+            got_outcome, got_last = chain_glue.advance(twin.slots, twin.start, twin.window,
+                                                       accepted, tokens, path, hidden, scratch)  # fmt: skip
+            assert torch.equal(outcome, got_outcome) and torch.equal(last, got_last)
+            assert torch.equal(inp.packed, twin.packed)
+
+
+def test_fp8_row_quantisation_is_the_reference_rule_bit_for_bit(dev):
+    from mathagent.serving.engine import fp8_format
+    from mathagent.serving.engine.cuda import fp8 as cuda_fp8
+
+    for m, k in ((5, 576), (1, 1536)):
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16) * torch.rand(m, 1, device=dev) * 9
+        x[0, :7] = 0 if m > 1 else x[0, :7]
+        q, s = cuda_fp8.quantize_rows(x)
+        q_ref, s_ref = fp8_format.quantize_rows(x)
+        assert torch.equal(s, s_ref)
+        assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+@pytest.mark.parametrize("mode", ["plain", "norm", "silu", "resid"])
+def test_fp8_products_compute_the_fp8_model(dev, mode, monkeypatch):
+    """e4m3 weights with per-row scales at 1 row (the GEMV, two launch shapes), 2-16 rows (the
+    tensor-core rows kernel, f(x) quantised per row) and K split in 4 (each launch the same
+    bits, counters left at zero) against the reference rule's float32 sums."""
+    from mathagent.serving.engine import fp8_format
+    from mathagent.serving.engine.cuda import fp8 as cuda_fp8
+    from mathagent.serving.engine.cuda import fp8_gemv
+    from mathagent.serving.engine.cuda.forward import rms_norm
+
+    torch.manual_seed(5)
+    n, k, bf16 = 192, 1024, torch.bfloat16
+    codes, scale = fp8_format.quantize_rows(torch.randn(n, k, device=dev))
+    scale = scale.squeeze(-1)
+    g = torch.randn(k, device=dev, dtype=bf16)
+    for m in (1, 5, 16):
+        x = torch.randn(m, 2 * k if mode == "silu" else k, device=dev, dtype=bf16) * 3
+        r = torch.randn(m, n, device=dev, dtype=bf16)
+        kw = {"norm": dict(norm=g, eps=1e-5), "silu": dict(silu_mul=True),
+              "resid": dict(residual=r)}.get(mode, {})  # fmt: skip
+        f = {"norm": lambda x: rms_norm(x, g, 1e-5),
+             "silu": lambda x: F.silu(x[:, :k]) * x[:, k:]}.get(mode, lambda x: x)  # fmt: skip
+        ref = fp8_format.reference_linear(f(x), codes, scale) + (r if mode == "resid" else 0)
+        if m == 1:
+            for cfg in (None, [8, 256, 4]):
+                assert rel(fp8_gemv.gemv(x, codes, scale, config=cfg, **kw), ref) < 4e-3, cfg
+        else:
+            monkeypatch.setitem(cuda_fp8.ROWS_CONFIGS, (n, k), cuda_fp8.RowsConfig(64, 128, 4, 3))
+            assert rel(fp8_gemv.gemv(x, codes, scale, **kw), ref) < 4e-3, m
+        if mode != "plain":
+            continue
+        q, s = cuda_fp8.quantize_rows(x)
+        split = cuda_fp8.RowsConfig(64, 128, 4, 3, 4)
+        outs = [torch.empty(m, n, device=dev, dtype=bf16) for _ in range(2)]
+        for y in outs:
+            cuda_fp8.rows_launch(q, s.view(-1), codes, scale, y, split, r)
+        assert rel(outs[0], ref + r) < 4e-3 and torch.equal(outs[0], outs[1]), m
+        assert not cuda_fp8._COUNTERS[(q.device, n, k)].any()
