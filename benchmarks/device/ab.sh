@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# There (the device), after calls that left .devrun/gg/g0 and g1 in /tmp/gg and the wheels in
+# /tmp/site: the default model's EAGLE-3 runs, one JSON each under $OUT, a line each to stdout.
+# Usage: benchmarks/device/ab.sh NAME "gpu_default_model.py flags" [NAME "flags" ...]
+# e.g.   benchmarks/device/ab.sh greedy_glue_off "--chain-glue off" greedy_glue_on "--chain-glue on"
+# Each run: 20 agent prompts x 256 tokens, bf16, chains of 6, plain / EAGLE-3 fixed / auto.
+set -uo pipefail
+G=/tmp/gg/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f $G ] || cat /tmp/gg/g0 /tmp/gg/g1 .devrun/gg/g2 > $G
+[ "$(md5sum < $G | cut -c1-32)" = a1231443440b107ff29f02bdb38c9d0a ] || { echo "no GGUF"; exit 3; }
+R=$PWD D=$PWD/mathagent/serving/drafters
+export PYTHONPATH=$R:$R/benchmarks:/tmp/site MATHAGENT_CACHE_DIR=/tmp/mc PYTHONUNBUFFERED=1
+while [ $# -gt 1 ]; do
+  name=$1 flags=$2; shift 2
+  start=$(date +%s)
+  # shellcheck disable=SC2086  # the flags are words
+  (cd benchmarks && timeout 170 python3 gpu_default_model.py --default-model $G \
+    --drafter $D/SmolLM2-135M-Instruct --eagle3 $D/SmolLM2-135M-Instruct-eagle3 \
+    --prompts $R/.devrun/bench20.jsonl --default-limit 20 --default-max-tokens 256 \
+    --default-methods= --default-beams 1 --default-dtype bfloat16 --default-draft-len 6 \
+    --model-dir /tmp/mc/conv $flags > "$OUT/$name.json" 2> "$OUT/$name.err")
+  echo "$name rc=$? $(($(date +%s) - start)) s"
+  python3 - "$OUT/$name.json" <<'P'
+import json, sys
+try:
+    methods = json.load(open(sys.argv[1]))["methods"]
+except Exception as e:  # the .err file says why
+    sys.exit(f"  no JSON: {e}")
+for name, m in methods.items():
+    step = m.get("step_ms_by_place", {}).get("middle", {}).get("mean_ms")
+    pos = [round(x, 2) for x in m.get("per_position_acceptance", [])]
+    print(f"  {name:14s} {m['decode_tokens_per_s']:8.1f} tok/s {m['speedup']:.3f}x "
+          f"AL {m.get('acceptance_length', 1):.2f} step {step} ms {pos}")
+P
+done
