@@ -382,10 +382,12 @@ def test_a_new_turn_settles_only_what_is_new(engine, heads) -> None:
     assert spec[0]["per_position_acceptance"] == spec[1]["per_position_acceptance"], spec
 
 
-def test_sampled_drafts_follow_the_heads_warped_law(engine, heads) -> None:
+@pytest.mark.parametrize("cut", [True, False])
+def test_sampled_drafts_follow_the_heads_warped_law(engine, heads, cut) -> None:
     """A sampled row's draft (the one-graph step's ``run_sampled``) is drawn from the head's
-    distribution warped as the row asks, and ``q`` is that law over the target's vocabulary;
-    a greedy row in the same batch drafts the argmax."""
+    distribution warped as the row asks (``cut`` False: at its temperature without the top-p
+    cut, ``eagle3_chain.DRAFT_TOP_P`` off), and ``q`` is that law over the target's
+    vocabulary; a greedy row in the same batch drafts the argmax."""
     chains = engine.speculator.proposer(SpecMethod("eagle3", heads[1].split(":", 1)[1])).chains
     n = 4000
     last = torch.randn(1, 576, generator=torch.Generator().manual_seed(0)).expand(n, -1)
@@ -393,8 +395,9 @@ def test_sampled_drafts_follow_the_heads_warped_law(engine, heads) -> None:
     temperature[0] = 0.0
     top_p, top_k = torch.full((n,), 0.9), torch.zeros(n, dtype=torch.long)
     u = torch.rand(n, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    tokens, q = chains._sampled_token(last, temperature, top_p, top_k, u, 0, True)
-    head_logits = chains.p.logits(last[:1]).float()
+    with torch.inference_mode():  # as the engine drafts
+        tokens, q = chains._sampled_token(last, temperature, top_p, top_k, u, 0, cut)
+        head_logits = chains.p.logits(last[:1]).float()
     assert tokens[0] == chains.p.ids[head_logits.argmax(-1)][0]  # the greedy row
     law = q[1]
     assert torch.allclose(q[1:], law.expand(n - 1, -1)) and abs(float(law.sum()) - 1) < 1e-5
@@ -403,7 +406,10 @@ def test_sampled_drafts_follow_the_heads_warped_law(engine, heads) -> None:
     assert float(law[outside].sum()) == 0.0
     warped = (head_logits[0] / 0.8).softmax(-1)
     kept = warped.sort(descending=True).values.cumsum(0) - warped.sort(descending=True).values < 0.9
-    assert int((law > 0).sum()) == int(kept.sum())  # the top-p cut on the head's own law
+    if cut:  # the top-p cut on the head's own law
+        assert int((law > 0).sum()) == int(kept.sum())
+    else:  # the head's law at the row's temperature, every draft column
+        assert torch.allclose(law[chains.p.ids], warped, atol=1e-6)
     counts = torch.bincount(tokens[1:], minlength=law.numel()).double()
     assert chi_square_p(counts, law.double()) > 0.01
 
