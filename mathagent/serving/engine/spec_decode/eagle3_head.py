@@ -25,6 +25,7 @@ restricted to the draft vocabulary.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,8 @@ class MidLayer(nn.Module):
     """The one decoder layer; attention itself is left to the caller (cache, tree or TTT)."""
 
     qkv: Tensor | None = None  # q, k and v rows in one product (set for inference)
+    # the qkv, o, gate/up and down products as callables (int8 rows on a CPU int4 engine)
+    products: tuple[Callable[[Tensor], Tensor], ...] | None = None
 
     def __init__(self, cfg: Eagle3Config) -> None:
         super().__init__()
@@ -191,7 +194,9 @@ class MidLayer(nn.Module):
         x = torch.cat([self.input_layernorm(emb), normed], dim=-1)  # [B, T, 2H]
         b, t, _ = x.shape
         attn, d = self.self_attn, self.cfg.dim
-        if self.qkv is not None:
+        if self.products is not None:
+            q, k, v = self.products[0](x).to(x.dtype).split(self._qkv_sizes, dim=-1)
+        elif self.qkv is not None:
             q, k, v = F.linear(x, self.qkv).split(self._qkv_sizes, dim=-1)
         else:
             q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
@@ -214,8 +219,14 @@ class MidLayer(nn.Module):
     def finish(self, residual: Tensor, attn_out: Tensor) -> Tensor:
         """The layer's output ``[B, T, H]`` from attention's output ``[B, Hq, T, D]``."""
         b, _, t, _ = attn_out.shape
-        h = residual + self.self_attn.o_proj(attn_out.transpose(1, 2).reshape(b, t, -1))
-        return h + self.mlp(self.post_attention_layernorm(h))
+        flat = attn_out.transpose(1, 2).reshape(b, t, -1)
+        if self.products is None:
+            h = residual + self.self_attn.o_proj(flat)
+            return h + self.mlp(self.post_attention_layernorm(h))
+        _, o, gate_up, down = self.products
+        h = residual + o(flat).to(flat.dtype)
+        gate, up = gate_up(self.post_attention_layernorm(h)).to(h.dtype).chunk(2, dim=-1)
+        return h + down(F.silu(gate) * up).to(h.dtype)
 
 
 def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
