@@ -66,7 +66,6 @@ class Eagle3Proposer:
         self.dtype = torch.float32 if dev.type == "cpu" else runner.config.dtype
         self.head = head.to(dev, self.dtype).eval()
         self.head.midlayer.fuse_projections()
-        self._fc: Callable[[Tensor], Tensor] = self.head.fc
         if dev.type == "cpu" and runner.config.quantization == "int4":
             self._int8_products()
         emb = (
@@ -109,18 +108,17 @@ class Eagle3Proposer:
                 self.steps = ChainStep(Branches(self.chains, self.table), runner.graphs, 2)
 
     def _int8_products(self) -> None:
-        """The layer's four products and ``fc`` from int8 rows (one scale each, bf16
-        activations), as the int4 target's own head: in float32 a draft step of the CPU int4
-        engine streamed the layer's 12.8 MB from L3 after each target forward; as 3.2 MB they
-        stay in the cores' L2 (12 agent prompts: drafting 3 tokens 5.59 -> 4.22 ms a step,
-        acceptance 2.56 -> 2.55, 1.449x -> 1.656x plain; README, "Speculation by default")."""
+        """The layer's four products from int8 rows (one scale each, bf16 activations), as
+        the int4 target's own head: in float32 a draft step of the CPU int4 engine streamed
+        the layer's 12.8 MB from L3 after each target forward; as 3.2 MB they stay in the
+        cores' L2 (benchmarks/eagle3_cpu_int8_ab.py: drafting 3 tokens 4.7-4.8 -> 3.4-3.6 ms a
+        step, acceptance kept, 4-7% more tokens/s). ``fc`` stays float32: its rows are near
+        the identity, and one scale a row put 6% of error into the features."""
         mid = self.head.midlayer
         assert mid.qkv is not None and mid.mlp.gate_up is not None
         weights = (mid.qkv, mid.self_attn.o_proj.weight, mid.mlp.gate_up,
                    mid.mlp.down_proj.weight)  # fmt: skip
         mid.products = tuple(Int8Linear(w) for w in weights)
-        fc = Int8Linear(self.head.fc.weight)
-        self._fc = lambda x: fc(x).float()
 
     def use_head(self, project: Callable[[Tensor], Tensor]) -> None:
         """Score draft columns with ``project`` (normed output [N, H] -> [N, V']), e.g. the
@@ -144,7 +142,7 @@ class Eagle3Proposer:
         call it too). With a one-token step's input ``tokens [B, 1]`` (a plain decode step's
         tail graph) and :data:`SETTLE_IN_DECODE`, the layer's K/V at the position before it
         too: the pair (features there, the step's token) is complete."""
-        self.feats[slots[:, None].expand_as(write), write] = self._fc(captured.to(self.dtype))
+        self.feats[slots[:, None].expand_as(write), write] = self.head.fc(captured.to(self.dtype))
         if tokens is not None and SETTLE_IN_DECODE and write.shape[1] == 1:
             self._settle_pairs(slots, (write - 1).clamp(min=0), tokens)
 
