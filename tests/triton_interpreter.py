@@ -73,6 +73,15 @@ def _as_torch(handle, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(bits.copy()).view(dtype)
 
 
+def _as_data(tensor: torch.Tensor) -> np.ndarray:
+    """The interpreter's form of ``tensor``: float32 as it is, narrower floats as their bits."""
+    if tensor.dtype == torch.float32:
+        return tensor.numpy()
+    wide = tensor.dtype.itemsize == 2
+    bits = tensor.view(torch.int16 if wide else torch.uint8).numpy()
+    return bits.view(np.uint16) if wide else bits
+
+
 def _float_casts_round_to_nearest(interpreter) -> None:
     # Narrowing casts truncated (float32 -> bfloat16), and the round-to-nearest mode lost the
     # carry into the exponent (0.4999 became 0.25). The kernels round where the eager model
@@ -85,11 +94,8 @@ def _float_casts_round_to_nearest(interpreter) -> None:
         a, b = types.get(src.dtype.scalar), types.get(dst_type.scalar)
         if a is None or b is None or a == b:
             return None
-        out = _as_torch(src, a).to(b)
-        data = out.numpy() if b == torch.float32 else out.view(
-            torch.uint8 if b.itemsize == 1 else torch.int16).numpy().view(
-            np.uint8 if b.itemsize == 1 else np.uint16)  # fmt: skip
-        return interpreter.TensorHandle(data.reshape(np.shape(src.data)), dst_type.scalar)
+        data = _as_data(_as_torch(src, a).to(b)).reshape(np.shape(src.data))
+        return interpreter.TensorHandle(data, dst_type.scalar)
 
     def cast_impl(self, src, dst_type):
         out = converted(src, dst_type)
