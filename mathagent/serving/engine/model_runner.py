@@ -63,7 +63,6 @@ class ModelRunner:
         # decode and verify steps replay CUDA graphs; prefill (many tokens) stays eager.
         self.graphs: CudaGraphRunner | None = None
         self.lookahead: DecodeLookahead | None = None
-        self.tail_decoded = False  # the last decode step ran through the lookahead's tail graph
         if use_graphs:
             from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
             from mathagent.serving.engine.cuda.lookahead import DecodeLookahead
@@ -206,8 +205,7 @@ class ModelRunner:
         """One token for each running sequence, in a single batched forward; ``ahead=False``
         launches no next step (the caller's next step is not a plain one)."""
         slots = [s.slot for s in seqs if s.slot is not None]
-        self.tail_decoded = self.graphs is not None and self.graphs.accepts(len(seqs), 1)
-        if self.tail_decoded:
+        if self.graphs is not None and self.graphs.accepts(len(seqs), 1):
             out = self._decode_graphs(seqs, slots, ahead)
             for s in seqs:
                 s.num_cached += 1

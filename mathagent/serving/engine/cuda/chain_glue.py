@@ -6,9 +6,9 @@ K/V into place and turns its own inputs into the next step's. Written in PyTorch
 kernels of 1-4 us each, ~0.12 ms of a 1.29 ms step on the H200 (benchmarks/GPU_NOTES.md, run
 77); Inductor failed on it (run 76) and then compiled it wrongly (run 78). Here it is three
 launches: :func:`feed`, :func:`move_path` and :func:`advance`, each equal to the PyTorch form
-in ``chain_step`` (checked on the CPU under Triton's interpreter).
-
-Off (``ENABLED``) until a device run has tested and timed it inside the step's graph.
+in ``chain_step`` (checked on the CPU under Triton's interpreter, and inside the captured step
+on the H200). Run 79 (default model, bf16, greedy chains of 6): the step 1.279 -> 1.226 ms,
+EAGLE-3 1.867x -> 1.946x plain.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ try:
 except ImportError:  # CPU-only installs have no Triton; the PyTorch forms run instead
     triton = None
 
-ENABLED = False  # the step's PyTorch glue until a device run has passed the CUDA tests
+ENABLED = True  # False: the PyTorch glue (the reference the kernels are tested against)
 
 if triton is not None:
 

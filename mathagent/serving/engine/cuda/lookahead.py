@@ -27,9 +27,8 @@ import torch
 from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
 from mathagent.serving.engine.sampler import Cuts, RowSampling, Sampler, SamplingBatch
 
-# A feature sink: (slots [B], write positions [B, T], kept streams [B, T, n*H], and here the
-# step's input tokens [B, T]), device work.
-Sink = Callable[..., None]
+# A feature sink: (slots [B], write positions [B, T], kept streams [B, T, n*H]), device work.
+Sink = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 @dataclass
@@ -138,7 +137,7 @@ class DecodeLookahead:
                 side.wait_stream(main)
                 with torch.cuda.stream(side):
                     for sink in sinks:  # padded rows write to the scratch slot
-                        sink(inp.slots, inp.write, captured, inp.tokens)
+                        sink(inp.slots, inp.write, captured)
             last = logits[:, -1]
             greedy = last.argmax(dim=-1)  # as the sampler's greedy rows
             if cuts is not None:

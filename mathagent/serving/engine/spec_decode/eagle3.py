@@ -49,19 +49,12 @@ if TYPE_CHECKING:
     from mathagent.serving.engine.model_runner import ModelRunner
     from mathagent.serving.engine.sequence import Sequence
 
-# Plain decode steps on CUDA graphs keep the head's layer settled (:meth:`Eagle3Proposer.fuse`
-# given the step's tokens, :meth:`Eagle3Proposer.plain_stepped`), so a probe after plain steps
-# does not first settle every position they decoded (~5-8 ms on the H200, GPU_NOTES run 77).
-# Off until a device run has tested and timed it.
-SETTLE_IN_DECODE = False
-
 
 class Eagle3Proposer:
     """Drafts with an EAGLE-3 head over the target's fused hidden states."""
 
     def __init__(self, head: Eagle3Head, runner: ModelRunner, beams: int) -> None:
         model, dev, cfg = runner.model, runner.device, head.config
-        self._runner = runner
         # a one-row product is fastest in float32 on a CPU; on CUDA follow the target
         self.dtype = torch.float32 if dev.type == "cpu" else runner.config.dtype
         self.head = head.to(dev, self.dtype).eval()
@@ -134,49 +127,11 @@ class Eagle3Proposer:
         return self._project(self.head.norm(out)).float()
 
     @torch.inference_mode()
-    def fuse(
-        self, slots: Tensor, write: Tensor, captured: Tensor, tokens: Tensor | None = None
-    ) -> None:
+    def fuse(self, slots: Tensor, write: Tensor, captured: Tensor) -> None:
         """``fc`` of the captured streams [B, T, 3H] into the features of ``slots [B]`` at
         ``write [B, T]`` (device tensors: the runner's feature sink, and captured step graphs
-        call it too). With a one-token step's input ``tokens [B, 1]`` (a plain decode step's
-        tail graph) and :data:`SETTLE_IN_DECODE`, the layer's K/V at the position before it
-        too: the pair (features there, the step's token) is complete."""
+        call it too)."""
         self.feats[slots[:, None].expand_as(write), write] = self.head.fc(captured.to(self.dtype))
-        if tokens is not None and SETTLE_IN_DECODE and write.shape[1] == 1:
-            self._settle_pairs(slots, (write - 1).clamp(min=0), tokens)
-
-    def _settle_pairs(self, slots: Tensor, pos: Tensor, tokens: Tensor) -> None:
-        """The layer's K/V at ``pos [B, 1]`` of ``slots [B]`` for the pairs (features at
-        ``pos``, ``tokens [B, 1]``), as :meth:`_layer` writes them (attention is not needed)."""
-        cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]
-        hidden = self.feats[slots[:, None], pos]  # [B, 1, H]
-        _, _, k, v = self.head.midlayer.project(self.embedding[tokens], hidden, cos, sin)
-        self.k[slots[:, None], :, pos] = k.transpose(1, 2)  # [B, 1, Hkv, D]
-        self.v[slots[:, None], :, pos] = v.transpose(1, 2)
-
-    def plain_stepped(self, row: SpecRow) -> None:
-        """After a plain decode step of ``row`` whose tail graph settled the layer at the
-        position before the step's (:meth:`fuse`): count it settled, with whatever lies between
-        the last settled position and it (what a speculative step committed, at most its
-        drafts) settled here, eagerly. Only for rows already settled once (a row that never
-        speculates settles nothing)."""
-        seq, st = row.seq, row.state
-        if not SETTLE_IN_DECODE or "n" not in st or seq.slot is None or not self._tail_decoded():
-            return
-        done = seq.num_cached - 2  # the position the step's tail settled
-        if st["n"] < done:
-            ids = seq.all_ids
-            start = st["n"]
-            emb = self.embedding[torch.tensor(ids[start + 1 : done + 1], device=self.k.device)]
-            self._layer(seq.slot, emb[None], self.feats[seq.slot, start:done][None], start, done)
-        st["n"] = done + 1
-        self._slot_layer[seq.slot] = (seq, done + 1)
-
-    def _tail_decoded(self) -> bool:
-        """Whether the runner's last decode step ran through the tail graph (its sinks see the
-        step's tokens)."""
-        return bool(getattr(self._runner, "tail_decoded", False))
 
     @torch.inference_mode()
     def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:

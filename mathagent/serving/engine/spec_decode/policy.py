@@ -44,7 +44,7 @@ from statistics import median
 
 _WARMUP, _WINDOW = 1, 9  # steps dropped per shape (besides graph captures); steps in the median
 _DECAY = 0.97  # per speculative step, for the acceptance counts
-_PROBE = 2  # speculative steps a probe takes at most (the first may only refresh a hidden state)
+_PROBE = 2  # speculative steps a probe takes (the first catches up, or only refreshes a hidden state)
 _BUDGET, _CLOSED_BUDGET = 0.01, 0.005  # share of plain time probes may cost (open, closed)
 _MIN_GAP, _MAX_GAP = 8, 1 << 15  # plain steps between probes
 _FUTILE, _FUTILE_ROWS = 0.1, 1.5  # drafts per row under which speculation cannot pay; rows seen
@@ -63,6 +63,10 @@ class _Shape:
     times: deque = field(default_factory=lambda: deque(maxlen=_WINDOW))
     seconds: float = 0.0  # the median of ``times`` (kept: every step asks for it)
     ready: bool = False  # enough steps timed
+
+    def to_ready(self) -> int:
+        """Steps still to time before the median is ready."""
+        return max(0, _WARMUP - self.seen) + max(0, 3 - len(self.times))
 
     def add(self, seconds: float) -> None:
         self.seen += 1
@@ -139,14 +143,20 @@ class DraftPolicy:
         return self.keeps(batch, 0)
 
     def keeps(self, batch: int, k: int) -> bool:
-        """Whether the next step of ``batch`` rows takes ``k`` drafts as a settled choice, not as
-        a probe or a measurement, which the step now running may end before its successor
-        runs (then a successor launched ahead is a whole step thrown away: run 41, 8B float32
-        at acceptance 1, each probe launched a second speculative step that went unused, and
-        auto ran 2.1% below plain where plain against itself was within 0.1%). Changes
-        nothing."""
-        chosen, event = self._plan(bucket(batch))
-        return chosen == k and event in ("plain", "wins", "fixed")
+        """Whether the step after the one now running takes ``k`` drafts whatever this one
+        measures, so it may be launched ahead: a settled choice, a probe's second step, or a
+        measurement that needs more steps of ``k`` than this one. Not the step after a
+        measurement's last, nor a probe's next step while the probe is still to come: this
+        step's outcome decides those (a successor launched ahead of a changed choice is a whole
+        step thrown away: run 41, 8B float32 at acceptance 1, auto ran 2.1% below plain). Measuring and probing steps launched ahead are what a
+        steady step costs: timed alone, each paid the host's work between steps on top (run 79,
+        T 0.6 top-p 0.95: chains of 6 ran 1.30x plain fixed, but measured alone lost to plain,
+        and auto ran 0.99x). Changes nothing."""
+        b = bucket(batch)
+        chosen, event = self._plan(b)
+        if event == "measure":
+            return chosen == k and self._shape(b, k).to_ready() >= 2
+        return chosen == k and event in ("plain", "wins", "fixed", "probing")
 
     def _plan(self, b: int) -> tuple[int, str]:
         """The next step's draft length at bucket ``b`` and why; changes nothing."""
@@ -254,12 +264,8 @@ class DraftPolicy:
 
     def observed(self, batch: int, k: int, seconds: float) -> None:
         """Count the wall time of one step of ``batch`` rows with ``k`` drafts (a speculative
-        step only where it drafted: it ends a probe)."""
-        b = bucket(batch)
-        self._shape(b, k).add(seconds)
-        probes = self._probes.get(b)
-        if k and probes is not None:
-            probes.left = 0  # the probe has measured a drafted step
+        step only where it drafted)."""
+        self._shape(bucket(batch), k).add(seconds)
 
     def caught_up(self, batch: int, seconds: float) -> None:
         """Count the wall time of a speculative step that followed plain steps of the same

@@ -111,11 +111,8 @@ class Speculator:
             out = [[t] for t in plain(seqs, ahead)]
             self._ahead = (ids, 0) if ahead else None
             for seq in seqs:  # a drafter's hidden state is now behind: the next step refreshes it
-                if (track := self._tracks.get(seq.request_id)) is not None:
-                    track.hidden = None
-                    stepped = getattr(self.proposer(self.method_of(seq)), "plain_stepped", None)
-                    if stepped is not None:  # a drafter that keeps up with plain steps
-                        stepped(SpecRow(seq, None, track.state, None))
+                if seq.request_id in self._tracks:
+                    self._tracks[seq.request_id].hidden = None
         else:
             self._ahead = None
             out = self.step(seqs, k)

@@ -187,7 +187,9 @@ def test_winning_speculation_is_kept_and_a_winning_probe_resets_the_gap() -> Non
     policy.observed(1, 4, 2.0)
     for _ in range(20):  # the drafts land again
         policy.accepted(1, [3])
-    assert policy.choose(1) == 4
+    assert policy.choose(1) == 4  # the probe's second step
+    assert policy.describe()[1]["losing_probes"] == 1
+    assert policy.choose(1) == 4  # speculation wins again: the gap starts over
     assert policy.describe()[1]["losing_probes"] == 0
 
 
@@ -213,9 +215,9 @@ def test_plain_next_predicts_choose_without_changing_it() -> None:
         assert (policy.choose(1) == 0) == guess
 
 
-def test_no_step_is_launched_ahead_of_a_probe_or_a_measurement() -> None:
-    # a probe's second step or a measuring step may be the last of its kind: the step after
-    # it is not known until it has run (a successor launched ahead would be thrown away)
+def test_steps_are_launched_ahead_only_where_their_successor_is_certain() -> None:
+    # the step that starts a probe, and the step after a measurement's last, depend on what
+    # the step now running measures: a successor launched ahead of them could be thrown away
     policy = measured(1.0, 2.0, accepted=0)
     gap = probe_gap(2.0, False, 0)
     for _ in range(gap - 1):
@@ -223,9 +225,21 @@ def test_no_step_is_launched_ahead_of_a_probe_or_a_measurement() -> None:
         assert policy.choose(1) == 0
     assert not policy.keeps(1, 0) and not policy.keeps(1, 4)  # the probe comes next
     assert policy.choose(1) == 4
-    assert not policy.keeps(1, 4)  # the probe's second step: its outcome is unknown
-    fresh = DraftPolicy(4)  # nothing measured: speculation is tried, not settled
-    assert not fresh.keeps(1, 4) and fresh.choose(1) == 4
+    # the probe's second step is certain: launched ahead, it is timed as a steady step is
+    # (timed alone, a step also pays the host's work between steps: run 79)
+    assert policy.keeps(1, 4)
+    assert policy.choose(1) == 4
+    assert policy.keeps(1, 0) and not policy.keeps(1, 4)  # drafts still never land: plain
+
+    fresh = DraftPolicy(4)  # nothing measured: speculation is measured first, steps ahead
+    timed = 0
+    while fresh.choose(1) == 4:
+        more = fresh._shape(1, 4).to_ready() >= 2
+        assert fresh.keeps(1, 4) == more  # not ahead of the measurement's last step
+        fresh.observed(1, 4, 2.0)
+        fresh.accepted(1, [3])
+        timed += 1
+    assert timed == 4  # one warm-up step and three in the median
     winning = measured(1.0, 2.0, accepted=3)
     assert winning.keeps(1, 4) and not winning.keeps(1, 0)
 
