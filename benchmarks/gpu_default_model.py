@@ -72,15 +72,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "draft_model_device ENABLED) or on the general path; default: "
                             "the modules' own setting")  # fmt: skip
     group.add_argument("--draft-top-p", choices=["on", "off"],
-                       help="sampled EAGLE-3 chains drawn with the row's top-p cut (on, the "
-                            "default) or at its temperature and top-k only "
-                            "(eagle3_chain.DRAFT_TOP_P)")  # fmt: skip
-    group.add_argument("--settle-in-decode", choices=["on", "off"],
-                       help="plain steps keep the EAGLE-3 head's layer settled "
-                            "(eagle3.SETTLE_IN_DECODE; off by default until measured)")  # fmt: skip
+                       help="sampled EAGLE-3 chains drawn with the row's top-p cut (on) or at "
+                            "its temperature and top-k only (off, the default; "
+                            "eagle3_chain.DRAFT_TOP_P)")  # fmt: skip
     group.add_argument("--chain-glue", choices=["on", "off"],
                        help="the chain step's verify inputs, K/V moves and advance as three Triton "
-                            "kernels (cuda.chain_glue; off by default until measured)")  # fmt: skip
+                            "kernels (on, the default) or PyTorch (cuda.chain_glue.ENABLED)")  # fmt: skip
+    group.add_argument("--probe-budget", type=float,
+                       help="share of plain time the draft-length policy's probes may cost "
+                            "(spec_decode.policy._BUDGET)")  # fmt: skip
     group.add_argument("--fused-table", help="fused_rows_sweep.py --table-out JSON: these "
                        "launch shapes replace cuda/skinny.py FUSED_CONFIGS")  # fmt: skip
 
@@ -129,10 +129,10 @@ def run(args: argparse.Namespace) -> dict:
         from mathagent.serving.engine.spec_decode import eagle3_chain
 
         eagle3_chain.DRAFT_TOP_P = args.draft_top_p == "on"
-    if getattr(args, "settle_in_decode", None):
-        from mathagent.serving.engine.spec_decode import eagle3
+    if getattr(args, "probe_budget", None):
+        from mathagent.serving.engine.spec_decode import policy
 
-        eagle3.SETTLE_IN_DECODE = args.settle_in_decode == "on"
+        policy._BUDGET = args.probe_budget
     if getattr(args, "chain_glue", None):
         from mathagent.serving.engine.cuda import chain_glue
 

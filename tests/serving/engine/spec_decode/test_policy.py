@@ -100,7 +100,7 @@ def test_unmeasured_bucket_above_a_losing_one_starts_plain_and_probes_on_budget(
         policy.accepted(8, [1, 0, 0, 0, 2, 0, 0, 0])
     assert policy.ceiling(8) > 1 and policy.expected_tokens(4) < 3.0
     drafted = []
-    for _ in range(600):
+    for _ in range(1200):
         k = policy.choose(32)
         policy.observed(32, k, 4.0 if k else 1.0)
         drafted.append(k > 0)
@@ -117,7 +117,7 @@ def test_drafts_that_never_land_stop_speculation_before_the_bucket_is_timed(batc
     # cost five steps at 1.7x a plain one, 2.5% of a 128-token run)
     policy = DraftPolicy(4)
     drafted = []
-    for _ in range(400):  # an untimed bucket's probe gap: 200 steps (cost ratio 2, 1% budget)
+    for _ in range(800):  # an untimed bucket's probe gap: 400 steps (cost ratio 2, 0.5% budget)
         k = policy.choose(batch)
         policy.observed(batch, k, 1.7 if k else 1.0)
         if k:
