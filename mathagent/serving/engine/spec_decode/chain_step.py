@@ -198,6 +198,7 @@ class ChainStep:
         self._ahead: _Launch | None = None  # a step launched before its inputs were read
         self.claimed = 0  # steps launched ahead and then used (tests and benchmarks read it)
         self.sampled_launches = 0  # replays of graphs with sampled rows (tests read it)
+        self._too_wide: set[int] = set()  # draft lengths whose verify no graph takes (warned)
         # acceptance as one compiled region: eager, the argmax over the vocabulary and ~30
         # small index kernels took ~60 us of a 1.5 ms step (benchmarks/GPU_NOTES.md, run 51)
         self._accept = accept_longest
@@ -210,7 +211,17 @@ class ChainStep:
 
     def fits(self, rows: int, k: int) -> bool:
         """Whether :meth:`step` takes ``rows`` rows drafting ``k`` (a captured verify shape)."""
-        return self.graphs.accepts(rows, 1 + self.width * k)  # the step's own verify shape
+        nodes = 1 + self.width * k  # the step's own verify shape
+        if not self.graphs.accepts(1, nodes) and k not in self._too_wide:
+            self._too_wide.add(k)  # the host path runs every such step: say so once
+            log.warning(
+                "chains of %d drafts verify %d tokens a row, more than the CUDA graphs take: "
+                "each step runs on the host path, ~30x slower (H200, GPU_NOTES run 81); "
+                "choose a shorter draft length",
+                k,
+                nodes,
+            )
+        return self.graphs.accepts(rows, nodes)
 
     def prepare(self, rows: int, k: int, cuts: Cuts | None = None) -> None:
         """Capture the step of ``rows`` rows drafting ``k`` now (a warm-up outside timing);

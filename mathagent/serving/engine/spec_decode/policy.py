@@ -6,15 +6,14 @@ tokens per row, so the step worth running maximises ``E(k) / t(b, k)``; ``k = 0`
 decode step. The candidates are plain and the configured draft length (``lengths`` may add
 others): on the CUDA path each new verify width is a graph capture of a second or more, which
 an exploring policy would pay inside serving. Both sides are measured while serving: step
-times per (bucket, k) as the median of the latest steps (the speculator never times a step that
-captured a graph, and the first timed step of a shape is dropped too), acceptance as decayed counts of how often draft
-position ``i`` was accepted per row that asked for drafts (a proposer with nothing to propose
-counts as a miss).
+times per (bucket, k) as the median of the latest steps (never a step that captured a graph;
+the first timed step of a shape is dropped), acceptance as decayed counts of how often draft
+position ``i`` was accepted per row that asked for drafts (no proposal counts as a miss).
 
-Probing is paid for. While plain wins, a probe (a speculative step or two, to re-measure
-acceptance and cost) comes after a gap of plain steps sized so that probes cost at most
-``_BUDGET`` of the plain time at the measured cost ratio ``r = t(b, k) / t(b, 0)`` (a probe
-loses at most ``r - 1`` plain steps), doubling each time plain still wins. A bucket where even
+Probing is paid for. While plain wins, a probe (two speculative steps) comes after a gap of
+plain steps sized so that probes cost at most ``_BUDGET`` of the plain time at the measured
+cost ratio ``r = t(b, k) / t(b, 0)`` (a probe loses at most ``r - 1`` plain steps, and its first
+step what a drafter catching up costs), doubling each time plain still wins. A bucket where even
 a perfect drafter (``E = 1 + k``) cannot win by the margin below is closed: acceptance cannot
 change the verdict, so it is only re-measured, on the far smaller ``_CLOSED_BUDGET``; an
 unmeasured bucket above a closed one starts closed (a verify step's cost grows with rows x
@@ -45,9 +44,7 @@ from statistics import median
 _WARMUP, _WINDOW = 1, 9  # steps dropped per shape (besides graph captures); steps in the median
 _DECAY = 0.97  # per speculative step, for the acceptance counts
 _PROBE = 2  # speculative steps a probe takes (the first catches up or refreshes a hidden state)
-# share of plain time probes may cost (open, closed); run 81 (H200, T 0.7, where plain wins):
-# auto 0.996x plain at 0.5%, 0.989x and 0.991x at 1%
-_BUDGET, _CLOSED_BUDGET = 0.005, 0.0025
+_BUDGET, _CLOSED_BUDGET = 0.005, 0.0025  # of plain time (run 81, T 0.7: 0.996x; 1%: 0.99x)
 _MIN_GAP, _MAX_GAP = 8, 1 << 15  # plain steps between probes
 _FUTILE, _FUTILE_ROWS = 0.1, 1.5  # drafts per row under which speculation cannot pay; rows seen
 _UNTIMED_RATIO = 2.0  # cost ratio assumed for probe gaps before any bucket is timed
@@ -146,14 +143,11 @@ class DraftPolicy:
 
     def keeps(self, batch: int, k: int) -> bool:
         """Whether the step after the one now running takes ``k`` drafts whatever this one
-        measures, so it may be launched ahead: a settled choice, a probe's second step, or a
-        measurement that needs more steps of ``k`` than this one. Not the step after a
-        measurement's last, nor a probe's next step while the probe is still to come: this
-        step's outcome decides those (a successor launched ahead of a changed choice is a whole
-        step thrown away: run 41, 8B float32 at acceptance 1, auto ran 2.1% below plain). Measuring and probing steps launched ahead are what a
-        steady step costs: timed alone, each paid the host's work between steps on top (run 79,
-        T 0.6 top-p 0.95: chains of 6 ran 1.30x plain fixed, but measured alone lost to plain,
-        and auto ran 0.99x). Changes nothing."""
+        measures (so it may be launched ahead): a settled choice, a probe's second step, one
+        more step of a measurement that needs two or more. A successor launched ahead of a
+        changed choice is a step thrown away (run 41: auto 2.1% below plain); one not launched
+        ahead is timed with the host's work between steps (run 79: chains that ran 1.30x plain
+        measured as losing, auto 0.99x). Changes nothing."""
         b = bucket(batch)
         chosen, event = self._plan(b)
         if event == "measure":

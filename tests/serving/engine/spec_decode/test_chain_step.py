@@ -130,3 +130,19 @@ def test_the_verify_inputs_and_the_step_after_it() -> None:
     assert torch.equal(last[0], hidden[0, 5])  # row 0 accepted 2 drafts of beam 1: node 5
     assert torch.equal(feats[0, 9 + 2], captured[0, 5])  # its stream, moved to position c + 2
     assert torch.equal(kv[0][:, 0, :, 9 + 1], kv[0][:, 0, :, 9 + 4])  # and its K/V
+
+
+def test_a_chain_no_graph_takes_is_refused_with_one_warning(caplog) -> None:
+    # H200, run 81: chains of 8 beside the lookup branch verify 17 tokens a row, one more than
+    # the widest graph, and every step ran on the host path (36.7 ms against 1.2)
+    from types import SimpleNamespace
+
+    from mathagent.serving.engine.cuda.graphs import MAX_WIDTH
+
+    graphs = SimpleNamespace(accepts=lambda batch, width: batch <= 8 and width <= MAX_WIDTH)
+    step = ChainStep(SimpleNamespace(device=torch.device("cpu")), graphs, width=2)  # type: ignore[arg-type]
+    with caplog.at_level("WARNING"):
+        assert step.fits(4, 7) and not step.fits(16, 7)  # too many rows: no warning
+        assert not step.fits(1, 8) and not step.fits(4, 8)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "17 tokens a row" in warned[0]
