@@ -41,7 +41,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
 
-_WARMUP, _WINDOW = 1, 9  # steps dropped per shape (besides graph captures); steps in the median
+_WARMUP, _READY, _WINDOW = 1, 3, 9  # steps per shape: dropped, timed before use, in the median
 _DECAY = 0.97  # per speculative step, for the acceptance counts
 _PROBE = 2  # speculative steps a probe takes (the first catches up or refreshes a hidden state)
 _BUDGET, _CLOSED_BUDGET = 0.005, 0.0025  # of plain time (run 81, T 0.7: 0.996x; 1%: 0.99x)
@@ -65,13 +65,13 @@ class _Shape:
 
     def to_ready(self) -> int:
         """Steps still to time before the median is ready."""
-        return max(0, _WARMUP - self.seen) + max(0, 3 - len(self.times))
+        return max(0, _WARMUP - self.seen) + max(0, _READY - len(self.times))
 
     def add(self, seconds: float) -> None:
         self.seen += 1
         if self.seen > _WARMUP:
             self.times.append(seconds)
-            self.seconds, self.ready = median(self.times), len(self.times) >= 3
+            self.seconds, self.ready = median(self.times), len(self.times) >= _READY
 
 
 @dataclass
