@@ -4,7 +4,8 @@ A decode or verify step runs the kernel once per layer at short lengths, where i
 latency, not bytes (benchmarks/GPU_NOTES.md, run 27: 8-12 us per launch on the default model).
 For each model's head layout, dtype, tokens per row (1: decode, 6: a verify of 5 drafts) and
 cached length, the sweep replays one CUDA graph of ``--layers`` launches of the rotary variant
-(the target's layers) per candidate (positions per split, positions per block, warps) and
+(the target's layers) per candidate (positions per split, positions per block, warps,
+programs per KV head) and
 reports microseconds per launch against the engine's default choice, and the winner.
 
     PYTHONPATH=. python3 benchmarks/attention_sweep.py [--models smollm2-135m llama-3-8b] \
@@ -30,8 +31,10 @@ from mathagent.serving.engine.random_model import RANDOM_SHAPES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 CANDIDATES = [
-    (part, block, warps)
-    for part, block, warps in itertools.product((32, 64, 128, 256), (16, 32, 64), (2, 4, 8))
+    (part, block, warps, gs)
+    for part, block, warps, gs in itertools.product(
+        (32, 64, 128, 256), (16, 32, 64), (2, 4, 8), (1, 3)
+    )
     if block <= part
 ]
 
@@ -70,9 +73,12 @@ def sweep_case(h, hkv, d, dtype, width, length, layers, max_seq, batch=1) -> dic
         return fn
 
     ref = attn._attention(view, *caches[0], slots, start, tree, h, rope, None).float()
-    out: dict = {"default": attn.attention_partition(batch)}
+    gs = attn.head_groups(width, h // hkv)
+    out: dict = {"default": [attn.attention_partition(batch, gs), gs]}
     times = {}
     for cfg in [None, *CANDIDATES]:
+        if cfg is not None and len(cfg) > 3 and (h // hkv) % cfg[3]:
+            continue  # the programs of a KV head share its query heads evenly
         got = attn._attention(view, *caches[0], slots, start, tree, h, rope, cfg).float()
         err = ((got - ref).abs().max() / ref.abs().max().clamp(min=1e-6)).item()
         if err > (1e-4 if dtype == torch.float32 else 2e-2):
@@ -93,8 +99,9 @@ def main() -> None:
     parser.add_argument("--lengths", nargs="+", type=int, default=[128, 384, 768, 1536])
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--max-seq", type=int, default=2048)
-    parser.add_argument("--candidates", nargs="+", metavar="PART,BLOCK,WARPS",
-                        help="launch shapes to time instead of the full grid")  # fmt: skip
+    parser.add_argument("--candidates", nargs="+", metavar="PART,BLOCK,WARPS[,GS]",
+                        help="launch shapes to time instead of the full grid (GS: programs "
+                             "per KV head, dividing its query heads)")  # fmt: skip
     args = parser.parse_args()
     if args.candidates:
         CANDIDATES[:] = [tuple(int(x) for x in c.split(",")) for c in args.candidates]

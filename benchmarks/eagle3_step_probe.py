@@ -45,6 +45,8 @@ def main() -> None:
     add_arguments(parser)
     parser.add_argument("--out", type=Path, required=True, help="folder for the probe's files")
     parser.add_argument("--rounds", type=int, default=2, help="passes over the prompts")
+    parser.add_argument("--plain-tokens", type=int, default=64,
+                        help="plain greedy tokens profiled for the plain step's kernel table")  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.fused_table:  # as gpu_default_model.run
@@ -120,8 +122,24 @@ def main() -> None:
     kernels.export_chrome_trace(str(args.out / "trace.json"))
     launched = [e for e in kernels.events() if e.device_type.name == "CUDA"]
     report["kernels_per_step"] = len(launched) / 5
+    report["plain_kernels_per_token"] = _plain_profile(engine, prompts[0], args)
     (args.out / "probe.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
+
+
+def _plain_profile(engine, prompt: str, args: argparse.Namespace) -> float:
+    """Kernel table and trace of plain greedy decoding of one prompt in the same engine (its
+    decode graph), for the per-layer costs at one row beside the step's at its verify width."""
+    params = SamplingParams(max_tokens=args.plain_tokens, temperature=0.0)
+    engine.generate([prompt], params)  # warm: the prompt cached, the decode graph captured
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as kernels:
+        res = engine.generate([prompt], params)[0]
+        torch.cuda.synchronize()
+    table = kernels.key_averages().table(sort_by="cuda_time_total", row_limit=60)
+    (args.out / "plain_kernels.txt").write_text(table)
+    kernels.export_chrome_trace(str(args.out / "plain_trace.json"))
+    launched = [e for e in kernels.events() if e.device_type.name == "CUDA"]
+    return round(len(launched) / max(1, len(res.token_ids)), 1)
 
 
 if __name__ == "__main__":

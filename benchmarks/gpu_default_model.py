@@ -78,6 +78,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--chain-glue", choices=["on", "off"],
                        help="the chain step's verify inputs, K/V moves and advance as three Triton "
                             "kernels (on, the default) or PyTorch (cuda.chain_glue.ENABLED)")  # fmt: skip
+    group.add_argument("--split-heads", choices=["on", "off"],
+                       help="a verify step's attention in one program per query head (on, the "
+                            "default) or per KV head (cuda.attention.SPLIT_HEADS)")  # fmt: skip
+    group.add_argument("--wide-partition", type=int,
+                       help="cached positions per attention program of a wide verify step at "
+                            "batch 1-2 (cuda.attention.WIDE_PARTITION)")  # fmt: skip
+    group.add_argument("--split-argmax", choices=["on", "off"],
+                       help="greedy argmax over the vocabulary in the split kernel (on, the "
+                            "default) or torch.argmax (cuda.argmax.ENABLED)")  # fmt: skip
     group.add_argument("--probe-budget", type=float,
                        help="share of plain time the draft-length policy's probes may cost "
                             "(spec_decode.policy._BUDGET)")  # fmt: skip
@@ -137,6 +146,18 @@ def run(args: argparse.Namespace) -> dict:
         from mathagent.serving.engine.cuda import chain_glue
 
         chain_glue.ENABLED = args.chain_glue == "on"
+    if getattr(args, "split_heads", None):
+        from mathagent.serving.engine.cuda import attention
+
+        attention.SPLIT_HEADS = args.split_heads == "on"
+    if getattr(args, "wide_partition", None):
+        from mathagent.serving.engine.cuda import attention
+
+        attention.WIDE_PARTITION = args.wide_partition
+    if getattr(args, "split_argmax", None):
+        from mathagent.serving.engine.cuda import argmax
+
+        argmax.ENABLED = args.split_argmax == "on"
     if getattr(args, "one_graph_drafters", None):
         from mathagent.serving.engine.spec_decode import draft_model_device, redrafter_device
 

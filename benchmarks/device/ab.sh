@@ -19,7 +19,10 @@ while [ $# -gt 1 ]; do
     --prompts $R/.devrun/bench20.jsonl --default-limit 20 --default-max-tokens 256 \
     --default-methods= --default-beams 1 --default-dtype bfloat16 --default-draft-len 6 \
     --model-dir /tmp/mc/conv $flags > "$OUT/$name.json" 2> "$OUT/$name.err")
-  echo "$name rc=$? $(($(date +%s) - start)) s"
+  rc=$?
+  echo "$name rc=$rc $(($(date +%s) - start)) s"
+  # a call brings back 8 files at most: a run's .err only where it failed
+  [ $rc -eq 0 ] && rm -f "$OUT/$name.err"
   python3 - "$OUT/$name.json" <<'P'
 import json, sys
 try:

@@ -9,6 +9,7 @@
 # Usage: benchmarks/device/prepare.sh   (from the repository root, after `make setup`)
 set -euo pipefail
 G=${GGUF:-$HOME/.cache/mathagent/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+mkdir -p .git/info && touch .git/info/exclude
 grep -qx '/.devrun/' .git/info/exclude || echo '/.devrun/' >> .git/info/exclude
 mkdir -p .devrun/gg .devrun/wheels
 part() { dd if="$G" of=".devrun/gg/$1" bs=1M iflag=skip_bytes,count_bytes skip="$2" ${3:+count=$3} status=none; }

@@ -89,11 +89,22 @@ class SamplingBatch:
         return cls(table[:, 0].float(), table[:, 1].float(), table[:, 2].long(), [], False, cuts)
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(-1)``; on CUDA by the split kernel (``cuda/argmax.py``: torch's took
+    ~11 us over a 49152-wide vocabulary), imported only there, so a CPU engine never loads the
+    CUDA path."""
+    if logits.is_cuda:
+        from mathagent.serving.engine.cuda.argmax import argmax
+
+        return argmax(logits)
+    return logits.argmax(-1)
+
+
 class Sampler:
     """Turns logits ``[B, V]`` into tokens ``[B]``."""
 
     def __call__(self, logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-        greedy = logits.argmax(dim=-1)  # [B]
+        greedy = greedy_tokens(logits)  # [B]
         if batch.all_greedy:
             return greedy
         u = self.draw(batch.generators).to(logits.device)

@@ -118,6 +118,51 @@ def test_decode_attention_matches_sdpa_with_tree(dev):
         assert rel(out[i], ref.transpose(0, 1)) < 1e-5
 
 
+@pytest.mark.parametrize("gs", [1, 2, 4])
+def test_attention_is_the_same_whatever_programs_share_a_kv_heads_queries(dev, gs):
+    """A KV head's 4 query heads in 1, 2 or 4 programs (13 tree nodes a row: 52, 26 or 13
+    rows a program), rotary and the K/V write inside: the same attention and cache."""
+    b, t, h, hkv, d, max_seq = 2, 13, 8, 2, 64, 160
+    qkv = torch.randn(b, t, (h + 2 * hkv) * d, device=dev)
+    caches = [torch.randn(3, hkv, max_seq, d, device=dev) for _ in range(2)]
+    slots, start = torch.tensor([2, 0], device=dev), torch.tensor([90, 17], device=dev)
+    positions = (start[:, None] + torch.arange(t, device=dev)).contiguous()
+    freqs = torch.outer(torch.arange(256.0), 1e-4 ** (torch.arange(0, d, 2) / d)).to(dev)
+    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
+    tree = torch.tril(torch.ones(t, t, dtype=torch.int8, device=dev)).repeat(b, 1, 1)
+    tree[:, 7:, 1:7] = 0  # a second branch from the root, as the lookup branch's nodes
+    view = qkv.view(b, t, -1, d)
+    got, ref = ([c.clone() for c in caches] for _ in range(2))
+    out = cuda_attention._attention(view, *got, slots, start, tree, h, (positions, cos, sin),
+                                    (32, 32, 4, gs))  # fmt: skip
+    want = cuda_attention._attention(view, *ref, slots, start, tree, h, (positions, cos, sin),
+                                     (32, 32, 4, 1))  # fmt: skip
+    assert cuda_attention.head_groups(13, 4) == 4 and cuda_attention.head_groups(1, 3) == 1
+    assert rel(got[0], ref[0]) < 1e-6 and rel(got[1], ref[1]) < 1e-6
+    assert rel(out, want) < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_argmax_is_torch_argmax_ties_included(dev, dtype):
+    """Rows of a vocabulary's width cut across programs: the same index as torch.argmax,
+    ties to the first index (within a stretch, across stretches), a row of -inf to 0, and
+    the counters left at zero for the next launch."""
+    from mathagent.serving.engine.cuda import argmax as cuda_argmax
+
+    x = torch.randn(5, 9000, device=dev).to(dtype)
+    x[1, [100, 4000, 8999]] = 50.0  # the same maximum in three stretches: the first wins
+    x[2, [2050, 2051]] = 60.0  # within one stretch, and in the same lane's next load
+    x[2, 2050 + 1024] = 60.0
+    x[3] = float("-inf")
+    x[4, 8999] = 70.0  # the last position of a partial stretch
+    for _ in range(2):  # the second launch finds its counters zeroed by the first
+        got = cuda_argmax.argmax_rows(x)
+        assert got.tolist() == x.argmax(-1).tolist()
+    assert got[1] == 100 and got[2] == 2050 and got[3] == 0 and got[4] == 8999
+    cube = x[:4].view(2, 2, 9000)  # leading dimensions are kept
+    assert cuda_argmax.argmax_rows(cube).tolist() == cube.argmax(-1).tolist()
+
+
 def test_rope_attention_equals_rotate_scatter_attend(dev):
     """Rotary + K/V write inside the kernel == rotate, write, then decode_attention."""
     from mathagent.serving.engine.cuda.forward import rotate

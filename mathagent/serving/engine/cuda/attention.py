@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from mathagent.serving.engine.cuda.kernels import pdl_supported
+from mathagent.serving.engine.cuda.kernels import arrival_counters, pdl_supported
 
 try:
     import triton
@@ -35,9 +35,11 @@ if triton is not None:
         HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
         QROWS: tl.constexpr, PART: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
         MAX_SEQ: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
-        TP: tl.constexpr,
+        TP: tl.constexpr, GS: tl.constexpr,
     ):  # fmt: skip
-        """One program per (row, KV head, split): online-softmax attention over a slot's cache.
+        """One program per (row, KV head, group of its query heads, split): online-softmax
+        attention over a slot's cache. GS: the KV head's G query heads in GS programs of G / GS
+        heads each (rows t x head), so a wide verify step runs more, shorter programs.
 
         It is one long function because a Triton kernel is one function: helpers are inlined
         anyway, and splitting the work into kernels would add launches to a step that is bound
@@ -49,14 +51,15 @@ if triton is not None:
         if PDL:  # let the next product (launched with PDL) start streaming its weights
             tl.extra.cuda.gdc_launch_dependents()
         pid, split = tl.program_id(0), tl.program_id(1)
-        b, kvh = pid // HKV, pid % HKV
+        b, kvh, gs = pid // (HKV * GS), (pid // GS) % HKV, pid % GS
+        GP: tl.constexpr = G // GS  # query heads of this program
         start = tl.load(start_ptr + b)
         total = start + T
         n_active = tl.minimum(tl.cdiv(total, PART), NSPLIT)
         lo = split * PART
         r = tl.arange(0, QROWS)
-        t, g = r // G, r % G
-        row_ok = r < T * G
+        t, g = r // GP, gs * GP + r % GP
+        row_ok = r < T * GP
         d = tl.arange(0, D)
         if lo >= total:  # past the row's length: only the active splits take part
             return
@@ -69,7 +72,8 @@ if triton is not None:
             pos = tl.load(pos_ptr + b * T + t, mask=row_ok, other=0)
             q = _rope(q, q_ptr + q_off, row_ok[:, None], pos, cos_ptr, sin_ptr, d, D)
             q = q.to(q_ptr.dtype.element_ty)
-            # This stretch writes the new tokens that fall in it, then reads them back.
+            # This stretch writes the new tokens that fall in it, then reads them back (the GS
+            # programs of a KV head write the same values).
             tn = tl.arange(0, TP)
             p_new = start + tn
             ok = ((tn < T) & (p_new >= lo) & (p_new < hi) & (p_new < MAX_SEQ))[:, None]
@@ -159,9 +163,19 @@ if triton is not None:
         return acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]
 
 
-def attention_partition(batch: int) -> int:
-    """Positions per split-KV program: short for one row (parallelism), long for many."""
-    return 64 if batch <= 2 else 256 if batch <= 16 else 512
+def attention_partition(batch: int, groups: int = 1) -> int:
+    """Positions per split-KV program: short for one row (parallelism), long for many;
+    :data:`WIDE_PARTITION` for one or two rows whose KV heads' queries are in ``groups > 1``
+    programs (a wide verify)."""
+    if batch <= 2:
+        return WIDE_PARTITION if groups > 1 else 64
+    return 256 if batch <= 16 else 512
+
+
+# Alone, 128 positions a program ran the default model's 13-node verify faster (640 cached
+# positions: 8.1 -> 6.5 us; benchmarks/attention_sweep_h200_2026-12-04.json), but in the engine
+# the step took 1.113 ms against 1.095 at 64 (runs 82-83).
+WIDE_PARTITION = 64
 
 
 @torch.library.custom_op("mathagent::decode_attention", mutates_args=())
@@ -218,50 +232,52 @@ def _(qkv, k_cache, v_cache, slots, start, tree, positions, cos, sin, n_heads):
     return qkv.new_empty(qkv.shape[0], qkv.shape[1], n_heads, k_cache.shape[3])
 
 
+def head_groups(width: int, g: int) -> int:
+    """Programs per KV head (GS, dividing its ``g`` query heads): the fewest that keep a
+    program's rows (``width`` tokens x its heads) within 16, the smallest tile of the dots, or
+    one per query head past that; 1 when :data:`SPLIT_HEADS` is off."""
+    if not SPLIT_HEADS:
+        return 1
+    return next((n for n in range(1, g + 1) if g % n == 0 and width * g // n <= 16), g)
+
+
+# A 13-node verify of the default model (3 query heads a KV head) ran 39 rows padded to 64 in
+# each program at 9.3 us a layer, where a one-token decode step's 3 rows took 6.1 us (H200,
+# benchmarks/GPU_NOTES.md, session of 2026-12-04): one program per query head instead.
+SPLIT_HEADS = True
+
+
 def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None) -> torch.Tensor:
     """Launch the split-KV kernel over ``q [B, T, >=H, D]`` (the first ``h`` heads are queries);
-    ``launch`` = (positions per split, positions per block, warps) overrides the default
-    (benchmarks/attention_sweep.py)."""
+    ``launch`` = (positions per split, positions per block, warps[, programs per KV head])
+    overrides the default (benchmarks/attention_sweep.py)."""
     bsz, t, _, d = q.shape
     hkv, max_seq = k_cache.shape[1], k_cache.shape[2]
     g = h // hkv
-    qrows = max(16, triton.next_power_of_2(t * g))
-    part = attention_partition(bsz) if launch is None else launch[0]
+    gs = launch[3] if launch is not None and len(launch) > 3 else head_groups(t, g)
+    assert g % gs == 0, (g, gs)
+    qrows = max(16, triton.next_power_of_2(t * g // gs))
+    part = attention_partition(bsz, gs) if launch is None else launch[0]
     # float32 (IEEE dots) at 64+ query rows spills with 4 warps: the default model's 11-node
     # verify took 231 us a launch, 19 us with 8 (GPU_NOTES run 50)
     wide = q.dtype == torch.float32 and qrows >= 64
-    block_s, warps = (min(part, 64), 8 if wide else 4) if launch is None else launch[1:]
+    block_s, warps = (min(part, 64), 8 if wide else 4) if launch is None else launch[1:3]
     nsplit = triton.cdiv(max_seq, part)
-    ws_rows = bsz * hkv * nsplit * qrows
+    programs = bsz * hkv * gs
+    ws_rows = programs * nsplit * qrows
     m = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
     lsum = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
     acc = torch.empty(ws_rows, d, dtype=torch.float32, device=q.device)
     out = q.new_empty(bsz, t, h, d)
     positions, cos, sin = rope if rope is not None else (start, start, start)
     assert positions.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
-    _attn_kernel[(bsz * hkv, nsplit)](
-        q, k_cache, v_cache, slots, start, tree, m, lsum, acc, _counters(bsz * hkv, q.device),
-        out, positions, cos, sin, math.log2(math.e) / math.sqrt(d),
+    _attn_kernel[(programs, nsplit)](
+        q, k_cache, v_cache, slots, start, tree, m, lsum, acc,
+        arrival_counters("attention", programs, q.device), out, positions, cos, sin, math.log2(math.e) / math.sqrt(d),
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), out.stride(0), out.stride(1), out.stride(2),
         HKV=hkv, T=t, G=g, D=d, QROWS=qrows, PART=part, BLOCK_S=block_s, NSPLIT=nsplit,
         MAX_SEQ=max_seq, IEEE=q.dtype == torch.float32, PDL=q.is_cuda and pdl_supported(),
-        ROPE=rope is not None, TP=triton.next_power_of_2(t), num_warps=warps,
+        ROPE=rope is not None, TP=triton.next_power_of_2(t), GS=gs, num_warps=warps,
     )  # fmt: skip
     return out
-
-
-_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
-
-
-def _counters(n: int, device: torch.device) -> torch.Tensor:
-    """Zeroed int32 arrival counters of the split-KV programs; each launch leaves them zero.
-
-    Allocated per device outside graph capture (a step always runs before it is captured) and
-    shared by all launches, which a stream runs one after another. A larger need gets a new
-    buffer; the old ones stay alive, since captured graphs keep their addresses.
-    """
-    bufs = _COUNTERS.setdefault(device, [])
-    if not bufs or bufs[-1].numel() < n:
-        bufs.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
-    return bufs[-1]

@@ -182,6 +182,9 @@ class CudaForward:
         # One region per layer: same code and shapes in every layer, so it compiles once.
         self.layer = torch.compile(layer_step, fullgraph=True, dynamic=False)
         self.head = torch.compile(self._head, fullgraph=True, dynamic=False)
+        # the embedding as Inductor's gather: ATen's index kernel took 6.3 us for a 13-node
+        # verify step's rows on the H200 (1.9 for one token; GPU_NOTES, 2026-12-04)
+        self.embed = torch.compile(F.embedding, fullgraph=True, dynamic=False)
         # the kept streams are concatenated beside the last layers and the head (GPU_NOTES run 75)
         self.side = torch.cuda.Stream(device=cos.device) if cos.is_cuda else None
 
@@ -227,7 +230,7 @@ class CudaForward:
     def __call__(self, inp: StepInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``(logits, hidden, captured)``: ``captured [B, T, len * H]`` holds the residual
         streams entering the model's ``capture`` layers (EAGLE-3's features), else None."""
-        h = F.embedding(inp.tokens, self.model.tok_embeddings.weight)  # [B, T, H]
+        h = self.embed(inp.tokens, self.model.tok_embeddings.weight)  # [B, T, H]
         delta, capture, kept = None, self.model.capture, []
         joined = None
         for i, weights in enumerate(self.weights):

@@ -24,6 +24,22 @@ except ImportError:  # CPU-only installs have no Triton; the CUDA path is then u
     triton = None
 
 
+_ARRIVALS: dict[tuple[str, torch.device], list[torch.Tensor]] = {}
+
+
+def arrival_counters(owner: str, n: int, device: torch.device) -> torch.Tensor:
+    """Zeroed int32 arrival counters (the last program of a group to arrive merges the
+    group's parts and zeroes its counter, so each launch leaves them zero), one buffer per
+    kernel ``owner`` and device, shared by that kernel's launches, which a stream runs one
+    after another. Made outside graph capture (a step always runs before it is captured); a
+    larger need gets a new buffer and the old ones stay alive, since captured graphs keep
+    their addresses."""
+    bufs = _ARRIVALS.setdefault((owner, device), [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
+    return bufs[-1]
+
+
 def available() -> bool:
     """True when Triton and a CUDA device are present."""
     return triton is not None and torch.cuda.is_available()

@@ -25,7 +25,13 @@ from dataclasses import dataclass
 import torch
 
 from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
-from mathagent.serving.engine.sampler import Cuts, RowSampling, Sampler, SamplingBatch
+from mathagent.serving.engine.sampler import (
+    Cuts,
+    RowSampling,
+    Sampler,
+    SamplingBatch,
+    greedy_tokens,
+)
 
 # A feature sink: (slots [B], write positions [B, T], kept streams [B, T, n*H]), device work.
 Sink = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
@@ -139,7 +145,7 @@ class DecodeLookahead:
                     for sink in sinks:  # padded rows write to the scratch slot
                         sink(inp.slots, inp.write, captured)
             last = logits[:, -1]
-            greedy = last.argmax(dim=-1)  # as the sampler's greedy rows
+            greedy = greedy_tokens(last)  # as the sampler's greedy rows
             if cuts is not None:
                 batch = SamplingBatch.of_table(table, cuts)
                 greedy = Sampler.sample(last, batch, table[:, 3], greedy)

@@ -131,7 +131,8 @@ class Eagle3Proposer:
         """``fc`` of the captured streams [B, T, 3H] into the features of ``slots [B]`` at
         ``write [B, T]`` (device tensors: the runner's feature sink, and captured step graphs
         call it too)."""
-        self.feats[slots[:, None].expand_as(write), write] = self.head.fc(captured.to(self.dtype))
+        fused = _fc(self.head.fc, captured.to(self.dtype))
+        self.feats[slots[:, None].expand_as(write), write] = fused
 
     @torch.inference_mode()
     def propose(self, rows: list[SpecRow], k: int) -> list[Draft]:
@@ -340,3 +341,14 @@ class Eagle3Proposer:
             beams = torch.cat([beams[src], toks[:, None]], 1)
             hidden, spec_k, spec_v = hidden[src], spec_k[src], spec_v[src]
         return beams
+
+
+def _fc(fc: torch.nn.Linear, rows: Tensor) -> Tensor:
+    """``fc(rows)``; on CUDA, up to 16 rows by the skinny product: cuBLAS took 5.5 us for a
+    plain step's one row, on the side branch its tail waits for (GPU_NOTES, 2026-12-04)."""
+    if rows.is_cuda and fc.bias is None and rows[..., 0].numel() <= 16:
+        from mathagent.serving.engine.cuda import skinny
+
+        if skinny.skinny_fits(fc.weight):
+            return skinny.skinny(rows, fc.weight)
+    return fc(rows)

@@ -17,7 +17,7 @@ from functools import cache
 import torch
 from torch import Tensor
 
-from mathagent.serving.engine.sampler import Cuts, Sampler, SamplingBatch
+from mathagent.serving.engine.sampler import Cuts, Sampler, SamplingBatch, greedy_tokens
 from mathagent.serving.engine.spec_decode.proposal import Draft
 from mathagent.serving.engine.spec_decode.verify import sample_verify_at
 
@@ -72,7 +72,7 @@ class TreeBatch:
         ``tokens [B, 1 + D]`` (accepted drafts, then the target's own token, then -1).
         """
         if self.depth == 0:
-            pred = logits.argmax(-1)
+            pred = greedy_tokens(logits)
             return pred.new_zeros(pred.shape[0]), pred.new_zeros(pred.shape[0], 1), pred[:, :1]
         return accept_longest(self.beams, logits, self.parents())
 
@@ -85,7 +85,7 @@ def accept_longest(beams: Tensor, logits: Tensor, parents: Tensor) -> tuple[Tens
     """:meth:`TreeBatch.greedy_accept` of ``beams [B, W, 1 + D]`` (``D >= 1``) with the
     shape's ``parents``: tensors only, so a captured step compiles it into a few kernels."""
     b, w, d = beams.shape[0], beams.shape[1], beams.shape[2] - 1
-    pred = logits.argmax(-1)  # [B, nodes]
+    pred = greedy_tokens(logits)  # [B, nodes]
     match = beams[:, :, 1:] == pred[:, parents].view(b, w, d)
     per_beam = match.long().cumprod(-1).sum(-1)  # [B, W]
     accepted, best = per_beam.max(-1)
