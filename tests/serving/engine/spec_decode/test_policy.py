@@ -425,3 +425,31 @@ def test_the_first_speculative_step_after_plain_ones_is_not_timed() -> None:
         assert after_plain or i not in caught_up, (i, chosen[: i + 1])
     assert any(k and i in timed for i, k in enumerate(chosen))
     assert caught_up, "no catch-up counted as a probe's cost"
+
+
+def _run(policy: DraftPolicy, steps: int, drafts_landing) -> list[int]:
+    """``steps`` choices at batch 1 (a 4-draft step costs 2 plain ones); the n-th
+    speculative step lands ``drafts_landing(n)`` drafts."""
+    chosen, n = [], 0
+    for _ in range(steps):
+        k = policy.choose(1)
+        chosen.append(k)
+        policy.observed(1, k, 2.0 if k else 1.0)
+        if k:
+            policy.accepted(1, [drafts_landing(n)])
+            n += 1
+    return chosen
+
+
+def test_a_lead_short_of_the_margin_on_few_rows_is_measured_further() -> None:
+    # run 83 (T 0.6, top-p 0.95): the first measurement's five steps estimated 1.13x plain
+    # where the run's drafts ran 1.27x, and the margin alone decided plain (auto 0.987x)
+    early = [1, 1, 2, 1, 1]  # 2.2 tokens a step at twice the cost: 1.1x, short of 1.15x
+    later = _run(DraftPolicy(4), 200, lambda n: early[n] if n < len(early) else 2)
+    assert later[-50:] == [4] * 50  # measured on, the lead (1.5x) showed: speculating
+    # a lead that stays short of the margin is decided plain once enough rows were drafted
+    short = _run(DraftPolicy(4), 200, lambda n: [1, 1, 1, 1, 2][n % 5])
+    assert 8 < short.count(4) < 40 and short[-50:] == [0] * 50
+    # a loss by the estimate is not measured further: plain after the measurement
+    losing = _run(DraftPolicy(4), 60, lambda n: int(n % 3 == 0))  # 1.33 tokens: 0.67x
+    assert losing.count(4) == 4 and losing[-50:] == [0] * 50
