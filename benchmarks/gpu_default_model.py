@@ -115,7 +115,8 @@ def agent_prompts(engine: LLMEngine, path: Path, limit: int) -> list[str]:
 def make_engine(args: argparse.Namespace, model_dir: Path, graphs: bool = True) -> LLMEngine:
     beams = getattr(args, "default_beams", None)
     settings = EngineSettings(
-        device=args.default_device, dtype=args.default_dtype, max_batch_size=1, max_seq_len=2048,
+        device=args.default_device, dtype=args.default_dtype, max_seq_len=2048,
+        max_batch_size=max(1, getattr(args, "default_batch", 1)),  # rows decoded together
         draft_len=args.default_draft_len,
         eager=not (graphs and args.default_device.startswith("cuda")),
         lookup_branch=not getattr(args, "no_lookup_branch", False),
