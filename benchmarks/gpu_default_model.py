@@ -20,6 +20,7 @@ decoding, and the head's engine's own plain rate is reported beside it (``none_e
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import tempfile
 import time
@@ -125,6 +126,18 @@ def make_engine(args: argparse.Namespace, model_dir: Path, graphs: bool = True) 
     return LLMEngine(EngineConfig.from_settings(settings, model=args.default_model), model_dir)
 
 
+# option -> the module setting it sets ("a+b.NAME": in both modules); "on" / "off" as booleans
+_SWITCHES = {
+    "draft_top_p": "spec_decode.eagle3_chain.DRAFT_TOP_P",
+    "probe_budget": "spec_decode.policy._BUDGET",
+    "chain_glue": "cuda.chain_glue.ENABLED",
+    "split_heads": "cuda.attention.SPLIT_HEADS",
+    "wide_partition": "cuda.attention.WIDE_PARTITION",
+    "split_argmax": "cuda.argmax.ENABLED",
+    "one_graph_drafters": "spec_decode.redrafter_device+spec_decode.draft_model_device.ENABLED",
+}
+
+
 def run(args: argparse.Namespace) -> dict:
     """Time none / ngram / redrafter (and eagle3) on the default model; the section's JSON."""
     if not (args.drafter and args.prompts):
@@ -135,35 +148,13 @@ def run(args: argparse.Namespace) -> dict:
         from mathagent.serving.engine.cuda import skinny
 
         skinny.FUSED_CONFIGS.clear()
-    if getattr(args, "draft_top_p", None):
-        from mathagent.serving.engine.spec_decode import eagle3_chain
-
-        eagle3_chain.DRAFT_TOP_P = args.draft_top_p == "on"
-    if getattr(args, "probe_budget", None):
-        from mathagent.serving.engine.spec_decode import policy
-
-        policy._BUDGET = args.probe_budget
-    if getattr(args, "chain_glue", None):
-        from mathagent.serving.engine.cuda import chain_glue
-
-        chain_glue.ENABLED = args.chain_glue == "on"
-    if getattr(args, "split_heads", None):
-        from mathagent.serving.engine.cuda import attention
-
-        attention.SPLIT_HEADS = args.split_heads == "on"
-    if getattr(args, "wide_partition", None):
-        from mathagent.serving.engine.cuda import attention
-
-        attention.WIDE_PARTITION = args.wide_partition
-    if getattr(args, "split_argmax", None):
-        from mathagent.serving.engine.cuda import argmax
-
-        argmax.ENABLED = args.split_argmax == "on"
-    if getattr(args, "one_graph_drafters", None):
-        from mathagent.serving.engine.spec_decode import draft_model_device, redrafter_device
-
-        on = args.one_graph_drafters == "on"
-        redrafter_device.ENABLED = draft_model_device.ENABLED = on
+    for option, target in _SWITCHES.items():  # the A/B switches: module settings
+        value = getattr(args, option, None)
+        if value is not None:
+            module, _, name = target.rpartition(".")
+            for mod in module.split("+"):
+                setattr(importlib.import_module(f"mathagent.serving.engine.{mod}"), name,
+                        value == "on" if value in ("on", "off") else value)  # fmt: skip
     named = {"ngram": "ngram", "redrafter": f"redrafter:{args.drafter}"}
     spec = [named[m] for m in getattr(args, "default_methods", "ngram,redrafter").split(",") if m]
     with tempfile.TemporaryDirectory() as tmp:

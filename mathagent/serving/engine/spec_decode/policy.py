@@ -14,24 +14,23 @@ Probing is paid for. While plain wins, a probe (two speculative steps) comes aft
 plain steps sized so that probes cost at most ``_BUDGET`` of the plain time at the measured
 cost ratio ``r = t(b, k) / t(b, 0)`` (a probe loses at most ``r - 1`` plain steps, and its first
 step what a drafter catching up costs), doubling each time plain still wins. A bucket where even
-a perfect drafter (``E = 1 + k``) cannot win by the margin below is closed: acceptance cannot
-change the verdict, so it is only re-measured, on the far smaller ``_CLOSED_BUDGET``; an
+a perfect drafter (``E = 1 + k``) cannot win by the margin is closed: it is only re-measured,
+on the far smaller ``_CLOSED_BUDGET``; an
 unmeasured bucket above a closed one starts closed (a verify step's cost grows with rows x
 width while plain batched decode stays cheap per row), and one above a bucket where speculation
 loses at the acceptance measured now starts plain with probes, so neither is measured by
-speculating (run 31, 8B float32, batch 32: a 5-wide step cost 3.9x a plain one, and measuring
-each new bucket by speculating cost ~5% of the run). Nor is a bucket measured by speculating
-once the first drafted rows show drafts all but never land: a step of drafts costs at least a
-plain step, so at ``E(k) < 1 + _FUTILE`` plain wins whatever the costs turn out to be (run 31,
-batch 8, acceptance 1.0: the five speculative steps that timed the bucket cost 2.5% of the run).
+speculating (run 31, 8B float32, batch 32: measuring each new bucket by speculating cost ~5%
+of the run). Nor is a bucket measured by speculating once drafts all but never land: at
+``E(k) < 1 + _FUTILE`` plain wins whatever the costs (run 31, batch 8: 2.5% of the run).
 A cold bucket above one (a batch ramping up from nothing) is timed plain first, and speculation
 there is judged on its first timed step: kept and timed fully if it wins, else plain with probes.
 
 Speculation wins only by a margin: its estimated rate must beat plain's by ``_MARGIN``. Near a
-tie the gain is small and both estimates are noisy (on a shared 2-core host a plain step at
-batch 32 measured 120-180 ms in one session; the acceptance that a probe measures early in a
-generation ran at 2.48 tokens a step where the whole run averaged 1.72), so a tie decided the
-optimistic way costs more than it can earn (CPU int4, batch 32: 0.86-0.95x plain before).
+tie the gain is small and both estimates are noisy (CPU int4, batch 32: a probe measured 2.48
+tokens a step where the run averaged 1.72; 0.86-0.95x plain before the margin). A lead short of
+the margin seen on fewer than ``_SURE_ROWS`` drafted rows is measured on by speculating, at no
+cost by the estimate (run 83, top-p: five steps estimated 1.13x, and plain was chosen at 0.987x
+where every step drafting ran 1.265x).
 """
 
 from __future__ import annotations
@@ -144,11 +143,8 @@ class DraftPolicy:
 
     def keeps(self, batch: int, k: int) -> bool:
         """Whether the step after the one now running takes ``k`` drafts whatever this one
-        measures (so it may be launched ahead): a settled choice, a probe's second step, one
-        more step of a measurement that needs two or more. A successor launched ahead of a
-        changed choice is a step thrown away (run 41: auto 2.1% below plain); one not launched
-        ahead is timed with the host's work between steps (run 79: chains that ran 1.30x plain
-        measured as losing, auto 0.99x). Changes nothing."""
+        measures, so it may be launched ahead (a changed choice throws it away, run 41; one not
+        launched ahead is timed with the host's work, run 79). Changes nothing."""
         b = bucket(batch)
         chosen, event = self._plan(b)
         if event == "measure":
@@ -221,11 +217,7 @@ class DraftPolicy:
         return max(self.lengths, key=lambda k: self._rate(b, k) * (1.0 if k else 1.0 + _MARGIN))
 
     def _undecided(self, b: int) -> bool:
-        """Speculation is estimated faster than plain but by less than the margin, on too few
-        drafted rows to tell a lead from noise: it is measured further by speculating, which
-        the estimate says costs nothing. (Run 83, T 0.6, top-p 0.95: the first measurement's
-        five steps estimated 2.23 tokens a step against 2.49 over the whole run, 1.13x plain
-        against the margin's 1.15x; auto decoded plain at 0.987x where fixed drafts ran 1.265x.)"""
+        """Speculation leads plain by less than the margin, on too few drafted rows to tell."""
         return self._rows < _SURE_ROWS and self._rate(b, self.max_len) >= self._rate(b, 0)
 
     def _measured_below(self, b: int, judged: bool = False) -> int | None:
@@ -270,14 +262,12 @@ class DraftPolicy:
         return shape
 
     def observed(self, batch: int, k: int, seconds: float) -> None:
-        """Count the wall time of one step of ``batch`` rows with ``k`` drafts (a speculative
-        step only where it drafted)."""
+        """Count the wall time of one step of ``batch`` rows with ``k`` drafts."""
         self._shape(bucket(batch), k).add(seconds)
 
     def caught_up(self, batch: int, seconds: float) -> None:
-        """Count the wall time of a speculative step that followed plain steps of the same
-        rows: not a steady step's cost (its drafter caught up on the plain steps' positions,
-        ~3-7 ms against ~1.5 on the H200, GPU_NOTES run 67), but what each probe pays once."""
+        """Count a speculative step after plain steps of the same rows: what each probe pays
+        once (its drafter catches up on their positions: ~3-7 ms against ~1.5, run 67)."""
         b = bucket(batch)
         last = self._catch_up.get(b)
         self._catch_up[b] = seconds if last is None else 0.5 * (last + seconds)
@@ -292,8 +282,7 @@ class DraftPolicy:
         return max(seconds - steady, 0.0) / plain.seconds
 
     def accepted(self, asked: int, accepted: list[int]) -> None:
-        """Count one speculative step: ``asked`` rows wanted drafts, ``accepted`` holds each
-        row's number of accepted drafts."""
+        """Count one speculative step: ``asked`` rows wanted drafts, each ``accepted`` so many."""
         self._rows = _DECAY * self._rows + asked
         for i in range(self.max_len):
             hits = sum(1 for a in accepted if a > i)
