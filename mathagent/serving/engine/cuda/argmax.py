@@ -2,8 +2,8 @@
 
 ``torch.argmax`` over a 49152-wide vocabulary reduces each row in one program (Inductor's
 reduction) or one block (ATen's): 11.1 us for a 13-node verify step's rows and 10.8 us for a
-decode step's row on the H200, a sixth of the time the head's product reads the whole head
-(benchmarks/GPU_NOTES.md, session of 2026-12-04). Here each row is cut into stretches, one
+decode step's row on the H200, against 17.7 us for the head's product that reads the whole
+head (benchmarks/GPU_NOTES.md, run 82; split, both steps ran ~8 us faster). Here each row is cut into stretches, one
 program each finds its stretch's maximum and first index, and the last program of a row to
 finish (an ``acq_rel`` arrival counter, left at zero for the next launch) merges them, so the
 launch is CUDA-graph safe and deterministic. Ties go to the lowest index, as ``torch.argmax``;
