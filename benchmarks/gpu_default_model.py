@@ -228,7 +228,7 @@ def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str]
             if size > 1:  # rows overlap: the group's wall time is what they cost together
                 totals[method]["seconds"] += wall
     return {"methods": methods, "totals": totals, "stats": stats, "outputs": outputs,
-            "timelines": timelines}  # fmt: skip
+            "timelines": timelines, "policies": policies}  # fmt: skip
 
 
 def _generate(engine: LLMEngine, prompts: list[str], params: SamplingParams,
@@ -308,6 +308,8 @@ def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], time
                 place: {"steps": len(ts), "mean_ms": round(1e3 * sum(ts) / len(ts), 4)}
                 for place, ts in timed["timelines"][method].items()
             }
+        if method.endswith("@auto"):  # what the policy measured: its step ms per (bucket, k)
+            entry["policy"] = timed["policies"][method].describe()
         kind, at, mode = method.partition("@")
         out["methods"][kind.split(":")[0] + at + mode] = entry
     return out
