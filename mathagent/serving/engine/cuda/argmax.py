@@ -92,6 +92,6 @@ def _(x):
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """``x.argmax(-1)``: the split kernel for CUDA tensors of a vocabulary's width,
     ``torch.argmax`` elsewhere."""
-    if not ENABLED or triton is None or not x.is_cuda or x.shape[-1] < 2 * _CHUNK:
+    if not ENABLED or triton is None or not x.is_cuda or x.shape[-1] < 2 * _CHUNK or not x.numel():
         return x.argmax(-1)
     return argmax_rows(x.contiguous())
