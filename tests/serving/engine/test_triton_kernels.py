@@ -365,3 +365,26 @@ def test_fp8_products_compute_the_fp8_model(dev, mode, monkeypatch):
             cuda_fp8.rows_launch(q, s.view(-1), codes, scale, y, split, r)
         assert rel(outs[0], ref + r) < 4e-3 and torch.equal(outs[0], outs[1]), m
         assert not cuda_fp8._COUNTERS[(q.device, n, k)].any()
+
+
+def test_fp8_one_row_glu_writes_silu_of_gate_times_up(dev):
+    """w13 in the GLU form at one row (gate rows then up rows, normed input): the FP8 model's
+    product, then silu(gate) * up in the eager model's roundings; the same codes and sums as
+    the plain product, so equal to it up to silu's last bit."""
+    from mathagent.serving.engine import fp8_format
+    from mathagent.serving.engine.cuda import fp8_gemv
+    from mathagent.serving.engine.cuda.forward import rms_norm
+
+    torch.manual_seed(7)
+    n, k, bf16 = 384, 1024, torch.bfloat16
+    codes, scale = fp8_format.quantize_rows(torch.randn(n, k, device=dev))
+    scale = scale.squeeze(-1)
+    g = torch.randn(k, device=dev, dtype=bf16)
+    x = torch.randn(1, k, device=dev, dtype=bf16) * 3
+    gate, up = fp8_format.reference_linear(rms_norm(x, g, 1e-5), codes, scale).chunk(2, dim=-1)
+    ref = F.silu(gate) * up
+    pg, pu = fp8_gemv.gemv(x, codes, scale, norm=g, eps=1e-5).chunk(2, dim=-1)
+    for cfg in (None, [8, 256, 4], [4, 128, 4]):
+        got = fp8_gemv.gemv(x, codes, scale, norm=g, eps=1e-5, config=cfg, glu=True)
+        assert got.shape == (1, n // 2) and rel(got, ref) < 4e-3, cfg
+        assert max_rel(got, F.silu(pg) * pu) < 1e-2, cfg

@@ -24,8 +24,8 @@ from mathagent.serving.engine.cuda import skinny as skinny_kernel
 from mathagent.serving.engine.cuda.products import (
     fused_ok,
     gemv,
+    glu_form,
     linear,
-    on_skinny,
     product_weight,
 )
 from mathagent.serving.engine.model import Transformer
@@ -154,9 +154,9 @@ def layer_step(
     if fused:
         h = gemv(o, wo, shape.fast, residual=h)
         rows = bsz * width
-        if on_skinny(w13, rows, shape.fast) and skinny_kernel.glu_form(w13, rows):
-            act = skinny_kernel.skinny(h, w13, norm=ln2, eps=eps, glu=True)
-            return skinny_kernel.skinny(act, w2, residual=h), None
+        if glu_form(w13, rows, shape.fast):
+            act = gemv(h, w13, shape.fast, norm=ln2, eps=eps, glu=True)
+            return gemv(act, w2, shape.fast, residual=h), None
         gate_up = gemv(h, w13, shape.fast, norm=ln2, eps=eps)
         return gemv(gate_up, w2, shape.fast, residual=h, silu_mul=True), None
     h = h + linear(o, wo, shape.fast, skinny=shape.skinny)

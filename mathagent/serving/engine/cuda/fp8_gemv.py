@@ -1,11 +1,12 @@
 """The FP8 model's one-row product (batch-1 decode): quantise the input row once, then stream;
 and the same fused product for 2..16 verify rows (:func:`gemv` there too).
 
-Two kernels per product, chained with programmatic dependent launch (PDL):
-``_fp8_row_kernel`` (one program) computes the product's input ``f(x)`` (the bf16 GEMV's
-RMSNorm / SiLU prologue, :func:`kernels._gemv_input`), its scale and its e4m3 codes with the rule
-of :func:`~mathagent.serving.engine.fp8_format.quantize_rows`; the GEMV then streams the e4m3
-weights against those codes with no pre-pass of its own. The earlier single kernel repeated the
+Two kernels per product (:mod:`.fp8_gemv_kernels`), chained with programmatic dependent
+launch (PDL): a one-program row kernel computes the product's input ``f(x)``, its scale and its
+e4m3 codes with the rule of :func:`~mathagent.serving.engine.fp8_format.quantize_rows`; the
+GEMV then streams the e4m3 weights against those codes with no pre-pass of its own. The row
+kernel's latency sits between two products (0.23 ms of a 2.48 ms 8B step, H200); doing its work
+in every GEMV program instead measured slower (GPU_NOTES.md, session of 2026-12-04, fifteenth). The earlier single kernel repeated the
 row's statistics (two passes over K from L2) in every program before its stream, and re-quantised
 every input chunk in every program (benchmarks/GPU_NOTES.md, "FP8").
 
@@ -17,85 +18,16 @@ before waiting on the row kernel, so the stream overlaps it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+import torch.nn.functional as F
 
 from mathagent.serving.engine.cuda import fp8, kernels
 
 triton = kernels.triton
 if triton is not None:
-    import triton.language as tl
-
-    from mathagent.serving.engine.cuda.fp8 import _quantize_codes, _row_scale
-    from mathagent.serving.engine.cuda.kernels import _gemv_input
-
-    @triton.jit
-    def _fp8_row_kernel(x_ptr, g_ptr, q_ptr, s_ptr, K, stride_x, eps, PRO: tl.constexpr,
-                        BLOCK: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
-        # One program holds a whole row: f(x), max |f(x)|, scale, codes (one read of x).
-        dt = x_ptr.dtype.element_ty
-        row = tl.program_id(0)
-        x_ptr += row * stride_x
-        q_ptr += row * K
-        s_ptr += row
-        rk = tl.arange(0, BLOCK)
-        ok = rk < K
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
-        rstd = 0.0
-        if PRO == 1:
-            xv = tl.load(x_ptr + rk, mask=ok, other=0.0).to(tl.float32)
-            rstd = tl.rsqrt(tl.sum(xv * xv, axis=0) / K + eps)
-        v = tl.where(ok, _gemv_input(x_ptr, g_ptr, 0, rk, K, rstd, PRO, dt, ok), 0.0)
-        sx = _row_scale(tl.max(tl.abs(v), axis=0))
-        inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), sx)
-        tl.store(q_ptr + rk, _quantize_codes(v, inv), mask=ok)
-        tl.store(s_ptr, sx)
-
-    @triton.jit
-    def _epilogue(acc, s_ptr, ws_ptr, y_ptr, r_ptr, rn, N, RESID: tl.constexpr):
-        # y = sum * (x scale * w scale) (+ residual), rounded like the bf16 GEMV's epilogue.
-        dt = y_ptr.dtype.element_ty
-        ws = tl.load(ws_ptr + rn, mask=rn < N, other=0.0)
-        y = (acc * (tl.load(s_ptr) * ws)).to(dt)
-        if RESID:
-            r = tl.load(r_ptr + rn, mask=rn < N, other=0.0)
-            y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
-        tl.store(y_ptr + rn, y, mask=rn < N)
-
-    @triton.jit
-    def _fma_tile(acc, w, q_ptr, k0, rk, rn):
-        # The codes are loaded in the weight tile's own layout (one 16-byte load per thread,
-        # shared by its rows): a [BK] load would cross threads through shared memory.
-        x = tl.load(q_ptr + k0 + rk[None, :] + 0 * rn[:, None]).to(tl.float32)
-        return acc + w.to(tl.float32) * x
-
-    @triton.jit
-    def _fp8_gemv_kernel(q_ptr, s_ptr, w_ptr, ws_ptr, y_ptr, r_ptr, N, K, stride_wn,
-                         RESID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         EVICT: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
-        # Two weight tiles are requested before waiting on the row kernel, then two per step,
-        # both loaded before either is used (run F4: loading the second after using the first
-        # left ptxas issuing it late, 10-19% slower). No tile is carried from one step to the
-        # next: Triton keeps a carried e4m3 tile one byte per register (it spilled).
-        rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        rk = tl.arange(0, BLOCK_K)
-        w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
-        w_ok = rn[:, None] < N
-        wa = tl.load(w_ptrs, mask=w_ok, other=0.0, eviction_policy=EVICT)
-        wb = tl.load(w_ptrs + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
-        acc = _fma_tile(tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32), wa, q_ptr, 0, rk, rn)
-        acc = _fma_tile(acc, wb, q_ptr, BLOCK_K, rk, rn)
-        for k0 in range(2 * BLOCK_K, K, 2 * BLOCK_K):
-            wa = tl.load(w_ptrs + k0, mask=w_ok, other=0.0, eviction_policy=EVICT)
-            wb = tl.load(w_ptrs + k0 + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
-            acc = _fma_tile(_fma_tile(acc, wa, q_ptr, k0, rk, rn), wb, q_ptr, k0 + BLOCK_K, rk, rn)
-        _epilogue(tl.sum(acc, axis=1), s_ptr, ws_ptr, y_ptr, r_ptr, rn, N, RESID)
+    from mathagent.serving.engine.cuda.fp8_gemv_kernels import _fp8_gemv_kernel, _fp8_row_kernel
 
 
 # Verify rows of the FP8 model through gemv (norm / SiLU / residual fused, as at one row): on
@@ -106,7 +38,7 @@ FUSED_ROWS = True
 
 @dataclass(frozen=True)
 class Fp8GemvConfig:
-    """Launch shape of the fp8 one-row GEMV for one weight shape."""
+    """Launch shape of the fp8 one-row GEMV for one weight shape (GLU: rows of each half)."""
 
     block_n: int
     block_k: int  # 2 * block_k must divide K
@@ -124,18 +56,30 @@ FP8_GEMV_CONFIGS: dict[tuple[int, int], Fp8GemvConfig] = {
     (28672, 4096): Fp8GemvConfig(16, 512, 8),
     (4096, 14336): Fp8GemvConfig(16, 1024, 8),
 }
+# w13 in the GLU form (:data:`GLU`), per full weight shape; else the plain shape's with half
+# its rows from each half (the same weight bytes a program).
+# The 8B shape's w13 (fp8_step_probe.py, the decode graph: 8 x 512 with 4 warps 2.530 ms a step,
+# 8 x 512 with 8 warps 2.548, 16 x 512 2.553, 8 x 1024 2.548, 4 x 1024 2.639).
+GLU_CONFIGS: dict[tuple[int, int], Fp8GemvConfig] = {(28672, 4096): Fp8GemvConfig(8, 512, 4)}
 # Warps of the row kernel per (K, prologue: 0 plain, 1 norm, 2 SiLU product); else row_warps.
 ROW_WARPS: dict[tuple[int, int], int] = {}
+# One-row w13 writes silu(gate) * up itself (products.glu_form), so w2's input is plain: the
+# SiLU product once per element in w13's epilogue, not in a one-program row kernel before w2.
+GLU = True
 
 
-def fp8_gemv_config(n: int, k: int) -> Fp8GemvConfig:
+def fp8_gemv_config(n: int, k: int, glu: bool = False) -> Fp8GemvConfig:
     """The measured launch shape for ``[n, k]`` e4m3 weights, else a heuristic one."""
-    cfg = FP8_GEMV_CONFIGS.get((n, k))
+    cfg = GLU_CONFIGS.get((n, k)) if glu else None
+    if cfg is None:
+        cfg = FP8_GEMV_CONFIGS.get((n, k))
+        if cfg is not None and glu:
+            cfg = replace(cfg, block_n=max(1, cfg.block_n // 2))
     if cfg is None:
         block_k = next(b for b in (1024, 512, 256, 128) if k % (2 * b) == 0)
         cfg = Fp8GemvConfig(8 if n >= 8192 else 4, block_k, 4)
     if cfg.pdl and not kernels.pdl_supported():
-        cfg = Fp8GemvConfig(cfg.block_n, cfg.block_k, cfg.num_warps, cfg.evict, False)
+        cfg = replace(cfg, pdl=False)
     return cfg
 
 
@@ -200,6 +144,12 @@ def _rows_gemv(x, weight, weight_scale, norm, residual, eps, silu_mul, cfg) -> t
     return y.view(*x.shape[:-1], n)
 
 
+def _glu_after(y: torch.Tensor) -> torch.Tensor:
+    # GLU off the one-row kernel: silu(gate) * up in the eager model's roundings
+    gate, up = y.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 @torch.library.custom_op("mathagent::fp8_gemv", mutates_args=())
 def gemv(
     x: torch.Tensor,
@@ -210,35 +160,39 @@ def gemv(
     eps: float = 1e-6,
     silu_mul: bool = False,
     config: list[int] | None = None,
+    glu: bool = False,
 ) -> torch.Tensor:
     """``f(x) @ (weight[N, K] * weight_scale[N]).T (+ residual)`` for one row, FP8 model; for
     2..16 rows (verify, where :func:`rows_fit`) the same through the tensor-core rows kernel.
 
-    ``f`` as in :func:`kernels.gemv`. ``config`` (the sweep's knob) overrides the one-row
+    ``f`` as in :func:`kernels.gemv`. ``glu``: ``weight`` holds gate rows then up rows and the
+    result is ``silu(gate) * up`` ``[N / 2]``. ``config`` (the sweep's knob) overrides the one-row
     launch shape: ``[block_n, block_k, warps]``.
     """
     n, k = weight.shape
-    if x.numel() != x.shape[-1]:
-        cfg = fp8.rows_config(n, k, x.numel() // x.shape[-1])
-        return _rows_gemv(x, weight, weight_scale, norm, residual, eps, silu_mul, cfg)
-    if config is None and (n, k) in ONE_ROW_CONFIGS:
-        cfg = ONE_ROW_CONFIGS[(n, k)]
-        return _rows_gemv(x, weight, weight_scale, norm, residual, eps, silu_mul, cfg)
+    if x.numel() != x.shape[-1] or (config is None and (n, k) in ONE_ROW_CONFIGS):
+        rows = x.numel() // x.shape[-1]
+        cfg = ONE_ROW_CONFIGS[(n, k)] if rows == 1 else fp8.rows_config(n, k, rows)
+        y = _rows_gemv(x, weight, weight_scale, norm, None if glu else residual, eps, silu_mul, cfg)
+        return _glu_after(y) if glu else y
     x1 = x.reshape(-1).contiguous()
     pro = 1 if norm is not None else 2 if silu_mul else 0
-    cfg = fp8_gemv_config(n, k)
+    cfg = fp8_gemv_config(n, k, glu)
     if config is not None:
         cfg = Fp8GemvConfig(*config, pdl=cfg.pdl)
+    n_out = n // 2 if glu else n
     q, s = quantize_row(x1, k, norm, eps, pro, cfg.pdl)
-    y = torch.empty(n, dtype=x.dtype, device=x.device)
-    _fp8_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
-        q, s, weight, weight_scale, y, x1 if residual is None else residual.reshape(n), n, k,
-        weight.stride(0), RESID=residual is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        EVICT=cfg.evict, PDL=cfg.pdl, num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
+    y = torch.empty(n_out, dtype=x.dtype, device=x.device)
+    _fp8_gemv_kernel[(triton.cdiv(n_out, cfg.block_n),)](
+        q, s, weight, weight_scale, y, x1 if residual is None else residual.reshape(n_out), n_out,
+        k, weight.stride(0), RESID=residual is not None, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, EVICT=cfg.evict, PDL=cfg.pdl, GLU=glu, num_warps=cfg.num_warps,
+        launch_pdl=cfg.pdl,
     )  # fmt: skip
-    return y.view(*x.shape[:-1], n)
+    return y.view(*x.shape[:-1], n_out)
 
 
 @gemv.register_fake
-def _(x, weight, weight_scale, norm=None, residual=None, eps=1e-6, silu_mul=False, config=None):
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
+def _(x, weight, weight_scale, norm=None, residual=None, eps=1e-6, silu_mul=False, config=None,
+      glu=False):  # fmt: skip
+    return x.new_empty(*x.shape[:-1], weight.shape[0] // 2 if glu else weight.shape[0])

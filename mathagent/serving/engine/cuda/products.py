@@ -77,6 +77,15 @@ def on_skinny(weight: Weight, rows: int, fast: frozenset[tuple[int, int]]) -> bo
     return not isinstance(weight, tuple) and not (rows == 1 and tuple(weight.shape) in fast)
 
 
+def glu_form(weight: Weight, rows: int, fast: frozenset[tuple[int, int]]) -> bool:
+    """Whether the fused w13 product writes ``silu(gate) * up`` itself (``glu=True``): the
+    fused skinny kernel where its table says so, the FP8 one-row GEMV where
+    :data:`fp8_gemv.GLU` is on."""
+    if isinstance(weight, tuple):
+        return rows == 1 and fp8_gemv.GLU and fp8_gemv.gemv_fits(weight[0])
+    return on_skinny(weight, rows, fast) and skinny_kernel.glu_form(weight, rows)
+
+
 def gemv(
     x: torch.Tensor, weight: Weight, fast: frozenset[tuple[int, int]], **fused
 ) -> torch.Tensor:

@@ -1,0 +1,210 @@
+"""Where the FP8 one-row decode step's time goes (8B shape, random weights, one H200).
+
+The engine's captured batch-1 decode graph is replayed whole, then captured again with parts
+replaced by tensors made once beforehand (``--ablate``: the row kernels that quantise each
+product's input, the attention, the vocabulary head, all layers), and with settings of the fp8
+GEMV (``--variants``, :func:`variant`). A kernel profile of the whole graph (torch.profiler)
+lists each kernel's count and time. These are probes: an ablated graph computes nothing useful; it
+says what a part costs in place, programmatic-dependent-launch overlap included. The engine's
+own figures (``fp8_bench.py``) are the results.
+
+Run: ``PYTHONPATH=.:benchmarks python3 benchmarks/fp8_step_probe.py --out probe.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import torch
+from fp8_bench import SHAPE, replay_ms
+
+from mathagent.config import EngineSettings
+from mathagent.serving.engine.config import EngineConfig
+from mathagent.serving.engine.cuda import attention, fp8_gemv
+from mathagent.serving.engine.llm_engine import LLMEngine
+from mathagent.serving.engine.loader import load_model
+
+
+def engine(quantization: str) -> LLMEngine:
+    settings = EngineSettings(device="cuda", quantization=quantization, max_batch_size=1,
+                              max_seq_len=1024, eager=False)  # fmt: skip
+    config = EngineConfig.from_settings(settings, f"random:{SHAPE}")
+    loaded = load_model(config.model, Path("/tmp"), config.device, config.dtype, quantization)
+    return LLMEngine(config, model_dir=None, loaded=loaded)
+
+
+@contextlib.contextmanager
+def static_rows():
+    """Each product's codes and scale made once (no row kernel in the graph)."""
+    real, made = fp8_gemv.quantize_row, {}
+
+    def quantize_row(x, k, norm, eps, pro, pdl):
+        key = (k, pro)
+        if key not in made:
+            made[key] = real(x, k, norm, eps, pro, pdl)
+        return made[key]
+
+    fp8_gemv.quantize_row = quantize_row
+    try:
+        yield
+    finally:
+        fp8_gemv.quantize_row = real
+
+
+@contextlib.contextmanager
+def static_attention():
+    """The attention's output made once (no attention kernel in the graph)."""
+    real, made = attention._attention, {}
+
+    def fake(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None):
+        key = (tuple(q.shape), h)
+        if key not in made:
+            made[key] = real(q, k_cache, v_cache, slots, start, tree, h, rope, launch)
+        return made[key]
+
+    attention._attention = fake
+    try:
+        yield
+    finally:
+        attention._attention = real
+
+
+@contextlib.contextmanager
+def static_head(forward):
+    real, made = forward.head, []
+
+    def head(h, delta):
+        if not made:
+            made.append(real(h, delta))
+        return made[0]
+
+    forward.head = head
+    try:
+        yield
+    finally:
+        forward.head = real
+
+
+@contextlib.contextmanager
+def no_layers(forward):
+    real = forward.weights
+    forward.weights = []
+    try:
+        yield
+    finally:
+        forward.weights = real
+
+
+@contextlib.contextmanager
+def variant(spec: str):
+    """fp8 GEMV settings for one A/B, restored after: ``;``-separated ``GLU=0|1``,
+    ``cfg=NxK:bn,bk,warps`` (a plain launch shape), ``glu=NxK:bn,bk,warps`` (w13's GLU
+    launch shape, rows of each half)."""
+    plain, glu, glu_on = dict(fp8_gemv.FP8_GEMV_CONFIGS), dict(fp8_gemv.GLU_CONFIGS), fp8_gemv.GLU
+    tables = {"cfg": fp8_gemv.FP8_GEMV_CONFIGS, "glu": fp8_gemv.GLU_CONFIGS}
+    for part in filter(None, spec.split(";")):
+        key, value = part.split("=")
+        if key == "GLU":
+            fp8_gemv.GLU = value == "1"
+        else:
+            shape, launch = value.split(":")
+            bn, bk, warps = (int(v) for v in launch.split(","))
+            tables[key][tuple(int(v) for v in shape.split("x"))] = fp8_gemv.Fp8GemvConfig(
+                bn, bk, warps
+            )
+    try:
+        yield
+    finally:
+        for table, saved in ((fp8_gemv.FP8_GEMV_CONFIGS, plain), (fp8_gemv.GLU_CONFIGS, glu)):
+            table.clear()
+            table.update(saved)
+        fp8_gemv.GLU = glu_on
+
+
+def graph_ms(graphs, reps: int = 50) -> float:
+    """Capture the (1, 1) decode graph anew and time its replay (median of 3 timings)."""
+    graphs.graphs.clear()
+    graphs.capture(1, 1)
+    graph = graphs.graphs[(1, 1)][0]
+    return sorted(replay_ms(graph, reps) for _ in range(3))[1]
+
+
+def kernel_profile(graphs, reps: int = 10) -> list[dict]:
+    """Kernels of ``reps`` replays of the (1, 1) graph: name, count per step, us per step."""
+    graphs.graphs.clear()
+    graphs.capture(1, 1)
+    graph = graphs.graphs[(1, 1)][0]
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    acts = [torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(reps):
+            graph.replay()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if us:
+            rows.append(
+                {"kernel": e.key[:90], "per_step": e.count / reps, "us_per_step": us / reps}
+            )
+    return sorted(rows, key=lambda r: -r["us_per_step"])[:30]
+
+
+def probe(quantization: str, variants: list[str], ablate: bool) -> dict:
+    t0 = time.perf_counter()
+    eng = engine(quantization)
+    graphs = eng.runner.graphs
+    fwd = graphs.forward
+    res: dict = {"load_s": time.perf_counter() - t0, "whole_ms": graph_ms(graphs)}
+    ablations = {
+        "no_row_kernels": [static_rows],
+        "no_attention": [static_attention],
+        "no_head": [lambda: static_head(fwd)],
+        "no_rows_no_attention": [static_rows, static_attention],
+        "no_layers": [lambda: no_layers(fwd)],
+    }
+    for name, parts in ablations.items() if ablate else ():
+        with contextlib.ExitStack() as stack:
+            for part in parts:
+                stack.enter_context(part())
+            res[name + "_ms"] = graph_ms(graphs)
+        print(name, round(res[name + "_ms"], 4), flush=True)
+    for spec in variants:
+        try:
+            with variant(spec):
+                res[f"variant {spec}"] = graph_ms(graphs)
+        except Exception as exc:  # a launch shape that does not compile: reported, skipped
+            res[f"variant {spec}"] = repr(exc)[:300]
+        print(spec, res[f"variant {spec}"], flush=True)
+    res["whole_again_ms"] = graph_ms(graphs)
+    try:
+        res["profile"] = kernel_profile(graphs)
+    except Exception as exc:  # a profiler without CUPTI: the timings stand alone
+        res["profile"] = repr(exc)[:300]
+    return res
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default="fp8_step_probe.json")
+    parser.add_argument("--quantizations", nargs="+", default=["fp8"])
+    parser.add_argument("--variants", nargs="*", default=["GLU=0"])
+    parser.add_argument("--ablate", action="store_true", help="also the ablations")
+    args = parser.parse_args()
+    out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": SHAPE}
+    for q in args.quantizations:
+        out[q] = probe(q, args.variants, args.ablate)
+        torch.cuda.empty_cache()
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    print(json.dumps({q: {k: v for k, v in out[q].items() if k != "profile"}
+                      for q in args.quantizations}))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

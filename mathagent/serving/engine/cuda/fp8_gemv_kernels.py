@@ -1,0 +1,108 @@
+"""The Triton kernels of the FP8 model's one-row product (:mod:`.fp8_gemv` launches them).
+
+``_fp8_row_kernel`` (one program a row) computes a product's input ``f(x)`` (the bf16 GEMV's
+RMSNorm / SiLU prologue, :func:`kernels._gemv_input`), its scale and its e4m3 codes with the rule
+of :func:`~mathagent.serving.engine.fp8_format.quantize_rows`; ``_fp8_gemv_kernel`` streams the
+e4m3 weights against those codes on the CUDA cores (float32 products of converted codes), in
+the GLU form for w13 (gate and up rows in one program, ``silu(gate) * up`` in its epilogue).
+"""
+
+from __future__ import annotations
+
+from mathagent.serving.engine.cuda import kernels
+
+triton = kernels.triton
+if triton is not None:
+    import triton.language as tl
+
+    from mathagent.serving.engine.cuda.fp8 import _quantize_codes, _row_scale
+    from mathagent.serving.engine.cuda.kernels import _gemv_input
+
+    @triton.jit
+    def _fp8_row_kernel(x_ptr, g_ptr, q_ptr, s_ptr, K, stride_x, eps, PRO: tl.constexpr,
+                        BLOCK: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+        # One program holds a whole row: f(x), max |f(x)|, scale, codes (one read of x).
+        dt = x_ptr.dtype.element_ty
+        row = tl.program_id(0)
+        x_ptr += row * stride_x
+        q_ptr += row * K
+        s_ptr += row
+        rk = tl.arange(0, BLOCK)
+        ok = rk < K
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        rstd = 0.0
+        if PRO == 1:
+            xv = tl.load(x_ptr + rk, mask=ok, other=0.0).to(tl.float32)
+            rstd = tl.rsqrt(tl.sum(xv * xv, axis=0) / K + eps)
+        v = tl.where(ok, _gemv_input(x_ptr, g_ptr, 0, rk, K, rstd, PRO, dt, ok), 0.0)
+        sx = _row_scale(tl.max(tl.abs(v), axis=0))
+        inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), sx)
+        tl.store(q_ptr + rk, _quantize_codes(v, inv), mask=ok)
+        tl.store(s_ptr, sx)
+
+    @triton.jit
+    def _scaled(acc, sx, ws_ptr, rn, N, dt: tl.constexpr):
+        # sum * (x scale * w scale), rounded to the model dtype like the bf16 GEMV's epilogue
+        ws = tl.load(ws_ptr + rn, mask=rn < N, other=0.0)
+        return (acc * (sx * ws)).to(dt)
+
+    @triton.jit
+    def _fma_tile(acc, w, q_ptr, k0, rk, rn):
+        # The codes are loaded in the weight tile's own layout (one 16-byte load per thread,
+        # shared by its rows): a [BK] load would cross threads through shared memory.
+        x = tl.load(q_ptr + k0 + rk[None, :] + 0 * rn[:, None]).to(tl.float32)
+        return acc + w.to(tl.float32) * x
+
+    @triton.jit
+    def _fp8_gemv_kernel(q_ptr, s_ptr, w_ptr, ws_ptr, y_ptr, r_ptr, N, K, stride_wn,
+                         RESID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                         EVICT: tl.constexpr, PDL: tl.constexpr, GLU: tl.constexpr):  # fmt: skip
+        # Two weight tiles (GLU: of gate and of up) are requested before the PDL wait, then
+        # two per step, both loaded before either is used (run F4: loading the second after
+        # using the first left ptxas issuing it late, 10-19% slower). No tile is carried from
+        # one step to the next: Triton keeps a carried e4m3 tile one byte per register (it
+        # spilled). q_ptr / s_ptr: the row kernel's codes and scale of f(x). GLU: w is [2N, K]
+        # (gate rows, then up rows); y = silu(gate) * up, rounded as the eager model does.
+        pid = tl.program_id(0)
+        rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        rk = tl.arange(0, BLOCK_K)
+        w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
+        u_ptrs = w_ptrs + N * stride_wn
+        w_ok = rn[:, None] < N
+        wa = tl.load(w_ptrs, mask=w_ok, other=0.0, eviction_policy=EVICT)
+        wb = tl.load(w_ptrs + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
+        if GLU:
+            ua = tl.load(u_ptrs, mask=w_ok, other=0.0, eviction_policy=EVICT)
+            ub = tl.load(u_ptrs + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
+        sx = tl.load(s_ptr)
+        acc = _fma_tile(tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32), wa, q_ptr, 0, rk, rn)
+        acc = _fma_tile(acc, wb, q_ptr, BLOCK_K, rk, rn)
+        if GLU:
+            up = _fma_tile(tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32), ua, q_ptr, 0, rk, rn)
+            up = _fma_tile(up, ub, q_ptr, BLOCK_K, rk, rn)
+        for k0 in range(2 * BLOCK_K, K, 2 * BLOCK_K):
+            wa = tl.load(w_ptrs + k0, mask=w_ok, other=0.0, eviction_policy=EVICT)
+            wb = tl.load(w_ptrs + k0 + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
+            if GLU:
+                ua = tl.load(u_ptrs + k0, mask=w_ok, other=0.0, eviction_policy=EVICT)
+                ub = tl.load(u_ptrs + k0 + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
+            acc = _fma_tile(_fma_tile(acc, wa, q_ptr, k0, rk, rn), wb, q_ptr, k0 + BLOCK_K, rk, rn)
+            if GLU:
+                up = _fma_tile(
+                    _fma_tile(up, ua, q_ptr, k0, rk, rn), ub, q_ptr, k0 + BLOCK_K, rk, rn
+                )
+        dt = y_ptr.dtype.element_ty
+        y = _scaled(tl.sum(acc, axis=1), sx, ws_ptr, rn, N, dt)
+        if GLU:  # the eager rounding: gate and up rounded, silu(gate) rounded, the product
+            u = _scaled(tl.sum(up, axis=1), sx, ws_ptr + N, rn, N, dt).to(tl.float32)
+            gate = y.to(tl.float32)
+            y = ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * u).to(dt)
+        if RESID:
+            r = tl.load(r_ptr + rn, mask=rn < N, other=0.0)
+            y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
+        tl.store(y_ptr + rn, y, mask=rn < N)
