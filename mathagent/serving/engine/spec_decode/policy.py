@@ -14,23 +14,22 @@ Probing is paid for. While plain wins, a probe (two speculative steps) comes aft
 plain steps sized so that probes cost at most ``_BUDGET`` of the plain time at the measured
 cost ratio ``r = t(b, k) / t(b, 0)`` (a probe loses at most ``r - 1`` plain steps, and its first
 step what a drafter catching up costs), doubling each time plain still wins. A bucket where even
-a perfect drafter (``E = 1 + k``) cannot win by the margin is closed: it is only re-measured,
-on the far smaller ``_CLOSED_BUDGET``; an
-unmeasured bucket above a closed one starts closed (a verify step's cost grows with rows x
-width while plain batched decode stays cheap per row), and one above a bucket where speculation
-loses at the acceptance measured now starts plain with probes, so neither is measured by
-speculating (run 31, 8B float32, batch 32: measuring each new bucket by speculating cost ~5%
-of the run). Nor is a bucket measured by speculating once drafts all but never land: at
-``E(k) < 1 + _FUTILE`` plain wins whatever the costs (run 31, batch 8: 2.5% of the run).
-A cold bucket above one (a batch ramping up from nothing) is timed plain first, and speculation
-there is judged on its first timed step: kept and timed fully if it wins, else plain with probes.
+a perfect drafter (``E = 1 + k``) cannot win by the margin is closed: only re-measured, on the
+far smaller ``_CLOSED_BUDGET``; an unmeasured bucket above a closed one starts closed (a verify
+step's cost grows with rows x width, plain batched decode stays cheap per row), one above a
+bucket where speculation loses now starts plain with probes (run 31, 8B float32, batch 32:
+measuring each new bucket by speculating cost ~5% of the run), and none is measured by
+speculating once drafts all but never land (``E(k) < 1 + _FUTILE``: run 31, batch 8, 2.5%). A
+cold bucket above one (a batch ramping up) is timed plain first, and speculation there is
+judged on its first timed step: kept and timed fully if it wins, else plain with probes.
 
 Speculation wins only by a margin: its estimated rate must beat plain's by ``_MARGIN``. Near a
 tie the gain is small and both estimates are noisy (CPU int4, batch 32: a probe measured 2.48
 tokens a step where the run averaged 1.72; 0.86-0.95x plain before the margin). A lead short of
 the margin seen on fewer than ``_SURE_ROWS`` drafted rows is measured on by speculating, at no
 cost by the estimate (run 83, top-p: five steps estimated 1.13x, and plain was chosen at 0.987x
-where every step drafting ran 1.265x).
+where every step drafting ran 1.265x), and so is the first verdict, while speculation trails by
+less than the noise of so few rows.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ _MIN_GAP, _MAX_GAP = 8, 1 << 15  # plain steps between probes
 _FUTILE, _FUTILE_ROWS = 0.1, 1.5  # drafts per row under which speculation cannot pay; rows seen
 _UNTIMED_RATIO = 2.0  # cost ratio assumed for probe gaps before any bucket is timed
 _MARGIN = 0.15  # how much faster than plain speculation's estimated rate must be to be chosen
-_SURE_ROWS = 16  # drafted rows (decayed) under which a lead short of the margin is measured on
+_SURE_ROWS = 16  # drafted rows (decayed) under which a close verdict is measured on
 
 
 def bucket(batch: int) -> int:
@@ -63,8 +62,7 @@ class _Shape:
     seconds: float = 0.0  # the median of ``times`` (kept: every step asks for it)
     ready: bool = False  # enough steps timed
 
-    def to_ready(self) -> int:
-        """Steps still to time before the median is ready."""
+    def to_ready(self) -> int:  # steps still to time before the median is ready
         return max(0, _WARMUP - self.seen) + max(0, _READY - len(self.times))
 
     def add(self, seconds: float) -> None:
@@ -75,16 +73,13 @@ class _Shape:
 
 
 @dataclass
-class _Probes:
-    """When one bucket probes speculation while plain decoding wins there."""
-
+class _Probes:  # when one bucket probes speculation while plain decoding wins there
     since: int = 0  # plain steps since the last probe
     losses: int = 0  # probes in a row after which plain still won (each doubles the gap)
     left: int = 0  # speculative steps left in the probe under way
 
 
-def closed(ceiling: float) -> bool:
-    """Whether even a perfect drafter, at a bucket's measured costs, cannot win by the margin."""
+def closed(ceiling: float) -> bool:  # even a perfect drafter cannot win by the margin
     return ceiling <= 1.0 + _MARGIN
 
 
@@ -111,6 +106,7 @@ class DraftPolicy:
         self._accepted = [0.0] * max_len  # decayed count of rows with position i accepted
         self._probes: dict[int, _Probes] = {}
         self._catch_up: dict[int, float] = {}  # bucket -> seconds of a first step after plain
+        self._sure = False  # drafted rows once reached _SURE_ROWS (a verdict rested on them)
 
     def expected_tokens(self, k: int) -> float:
         """Tokens a row commits per step with ``k`` drafts (1 + accepted drafts)."""
@@ -137,8 +133,7 @@ class DraftPolicy:
         return k
 
     def plain_next(self, batch: int) -> bool:
-        """Whether the next step of ``batch`` rows will be plain as a settled choice (so a plain
-        step may launch its successor ahead); changes nothing."""
+        """Whether the next step of ``batch`` rows will be plain, settled (:meth:`keeps`)."""
         return self.keeps(batch, 0)
 
     def keeps(self, batch: int, k: int) -> bool:
@@ -197,9 +192,8 @@ class DraftPolicy:
         return None, (1 + self.max_len) * plain.seconds / spec.seconds
 
     def ceiling(self, b: int) -> float | None:
-        """The most a perfect drafter (every draft accepted) could speed bucket ``b`` up at the
-        measured step costs; None while unknown. An unmeasured bucket above a closed one
-        takes that one's ceiling."""
+        """The most a perfect drafter could speed bucket ``b`` up at the measured step costs;
+        None while unknown. An unmeasured bucket above a closed one takes that one's."""
         if self._shape(b, self.max_len).ready and self._shape(b, 0).ready:
             return max((1 + k) / self._ratio(b, k) for k in self.lengths if k)
         below = self._measured_below(b)
@@ -207,8 +201,7 @@ class DraftPolicy:
             return c
         return None
 
-    def _futile(self) -> bool:
-        """Drafted rows were seen and their drafts all but never land (any cost loses)."""
+    def _futile(self) -> bool:  # drafts were seen and all but never land: any cost loses
         return self._rows >= _FUTILE_ROWS and self.expected_tokens(self.max_len) < 1 + _FUTILE
 
     def _best(self, b: int) -> int:
@@ -217,8 +210,16 @@ class DraftPolicy:
         return max(self.lengths, key=lambda k: self._rate(b, k) * (1.0 if k else 1.0 + _MARGIN))
 
     def _undecided(self, b: int) -> bool:
-        """Speculation leads plain by less than the margin, on too few drafted rows to tell."""
-        return self._rows < _SURE_ROWS and self._rate(b, self.max_len) >= self._rate(b, 0)
+        """Too few drafted rows to tell: speculation leads plain by less than the margin, or,
+        before any verdict rested on ``_SURE_ROWS`` rows, trails it by less than the noise of so
+        few (its estimate taken ``1 / sqrt(rows)`` higher: run 89, top-p, plain was chosen on
+        seven steps that measured 1.71 tokens a step where drafting steps averaged 2.49)."""
+        if self._rows >= _SURE_ROWS or self._futile():
+            return False
+        spec, plain = self._rate(b, self.max_len), self._rate(b, 0)
+        if spec >= plain:
+            return True
+        return not self._sure and spec * (1 + self._rows**-0.5) >= plain * (1 + _MARGIN)
 
     def _measured_below(self, b: int, judged: bool = False) -> int | None:
         """The nearest measured bucket below ``b``, if any; ``judged``: or one whose plain
@@ -229,8 +230,8 @@ class DraftPolicy:
         )
 
     def _measured(self, b: int, judged: bool = False) -> bool:
-        spec, plain = self._shape(b, self.max_len), self._shape(b, 0)
-        return plain.ready and (spec.ready or (judged and bool(spec.times)))
+        spec = self._shape(b, self.max_len)
+        return self._shape(b, 0).ready and (spec.ready or (judged and bool(spec.times)))
 
     def _ratio(self, b: int, k: int | None = None) -> float:
         """Cost of a ``k``-draft step (default the full length) over a plain one at ``b``, or
@@ -242,8 +243,7 @@ class DraftPolicy:
             return _UNTIMED_RATIO
         return self._cost(b, k) / self._shape(b, 0).seconds
 
-    def _rate(self, b: int, k: int) -> float:
-        """Estimated tokens per second per row of a step with ``k`` drafts."""
+    def _rate(self, b: int, k: int) -> float:  # estimated tokens per second and row
         return self.expected_tokens(k) / self._cost(b, k)
 
     def _cost(self, b: int, k: int) -> float:
@@ -261,8 +261,7 @@ class DraftPolicy:
             shape = self._shapes[(b, k)] = _Shape()
         return shape
 
-    def observed(self, batch: int, k: int, seconds: float) -> None:
-        """Count the wall time of one step of ``batch`` rows with ``k`` drafts."""
+    def observed(self, batch: int, k: int, seconds: float) -> None:  # one step's wall time
         self._shape(bucket(batch), k).add(seconds)
 
     def caught_up(self, batch: int, seconds: float) -> None:
@@ -284,6 +283,7 @@ class DraftPolicy:
     def accepted(self, asked: int, accepted: list[int]) -> None:
         """Count one speculative step: ``asked`` rows wanted drafts, each ``accepted`` so many."""
         self._rows = _DECAY * self._rows + asked
+        self._sure = self._sure or self._rows >= _SURE_ROWS
         for i in range(self.max_len):
             hits = sum(1 for a in accepted if a > i)
             self._accepted[i] = _DECAY * self._accepted[i] + hits
