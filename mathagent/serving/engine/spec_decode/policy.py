@@ -23,13 +23,12 @@ speculating once drafts all but never land (``E(k) < 1 + _FUTILE``: run 31, batc
 cold bucket above one (a batch ramping up) is timed plain first, and speculation there is
 judged on its first timed step: kept and timed fully if it wins, else plain with probes.
 
-Speculation wins only by a margin: its estimated rate must beat plain's by ``_MARGIN``. Near a
-tie the gain is small and both estimates are noisy (CPU int4, batch 32: a probe measured 2.48
-tokens a step where the run averaged 1.72; 0.86-0.95x plain before the margin). A lead short of
-the margin seen on fewer than ``_SURE_ROWS`` drafted rows is measured on by speculating, at no
-cost by the estimate (run 83, top-p: five steps estimated 1.13x, and plain was chosen at 0.987x
-where every step drafting ran 1.265x), and so is the first verdict, while speculation trails by
-less than the noise of so few rows.
+Speculation wins only by a margin: its estimated rate must beat plain's by ``_MARGIN`` to be
+chosen (once chosen it stays while it does not lose, ``_STAY_MARGIN``). Near a tie the gain is small and both estimates are noisy (CPU int4, batch 32: a probe measured 2.48
+tokens a step where the run averaged 1.72; 0.86-0.95x plain before the margin). On fewer than
+``_SURE_ROWS`` drafted rows, a lead short of the margin is measured on by speculating (run 83,
+top-p: five steps estimated 1.13x, plain was chosen at 0.987x where drafting ran 1.265x), and so
+is a first verdict while speculation trails by less than the noise of so few rows.
 """
 
 from __future__ import annotations
@@ -47,6 +46,7 @@ _MIN_GAP, _MAX_GAP = 8, 1 << 15  # plain steps between probes
 _FUTILE, _FUTILE_ROWS = 0.1, 1.5  # drafts per row under which speculation cannot pay; rows seen
 _UNTIMED_RATIO = 2.0  # cost ratio assumed for probe gaps before any bucket is timed
 _MARGIN = 0.15  # how much faster than plain speculation's estimated rate must be to be chosen
+_STAY_MARGIN = 0.0  # ... to stay chosen (run 90, top-p at 1.26x: a 15% bar to stay, 1.150x)
 _SURE_ROWS = 16  # drafted rows (decayed) under which a close verdict is measured on
 
 
@@ -77,6 +77,7 @@ class _Probes:  # when one bucket probes speculation while plain decoding wins t
     since: int = 0  # plain steps since the last probe
     losses: int = 0  # probes in a row after which plain still won (each doubles the gap)
     left: int = 0  # speculative steps left in the probe under way
+    winning: bool = False  # speculation won the last choice here (it stays while not losing)
 
 
 def closed(ceiling: float) -> bool:  # even a perfect drafter cannot win by the margin
@@ -130,11 +131,11 @@ class DraftPolicy:
             probes.since += 1
         elif event == "wins":
             probes.since = probes.losses = 0
+        probes.winning = event == "wins"
         return k
 
     def plain_next(self, batch: int) -> bool:
-        """Whether the next step of ``batch`` rows will be plain, settled (:meth:`keeps`)."""
-        return self.keeps(batch, 0)
+        return self.keeps(batch, 0)  # the next step will be plain, settled
 
     def keeps(self, batch: int, k: int) -> bool:
         """Whether the step after the one now running takes ``k`` drafts whatever this one
@@ -160,7 +161,8 @@ class DraftPolicy:
                 return k, "measure"
             best = 0
         else:
-            best = 0 if closed(ceiling) else self._best(b)
+            margin = _STAY_MARGIN if probes.winning else _MARGIN
+            best = 0 if closed(ceiling) else self._best(b, margin)
             if not best and not closed(ceiling) and self._undecided(b):
                 return self.max_len, "undecided"
         if best:
@@ -204,16 +206,15 @@ class DraftPolicy:
     def _futile(self) -> bool:  # drafts were seen and all but never land: any cost loses
         return self._rows >= _FUTILE_ROWS and self.expected_tokens(self.max_len) < 1 + _FUTILE
 
-    def _best(self, b: int) -> int:
-        """The draft length of the highest estimated rate at measured bucket ``b``, plain's
-        rate counted ``_MARGIN`` higher."""
-        return max(self.lengths, key=lambda k: self._rate(b, k) * (1.0 if k else 1.0 + _MARGIN))
+    def _best(self, b: int, margin: float = _MARGIN) -> int:
+        """The draft length of the best estimated rate at ``b``, plain's counted ``margin`` up."""
+        return max(self.lengths, key=lambda k: self._rate(b, k) * (1.0 if k else 1.0 + margin))
 
     def _undecided(self, b: int) -> bool:
         """Too few drafted rows to tell: speculation leads plain by less than the margin, or,
         before any verdict rested on ``_SURE_ROWS`` rows, trails it by less than the noise of so
-        few (its estimate taken ``1 / sqrt(rows)`` higher: run 89, top-p, plain was chosen on
-        seven steps that measured 1.71 tokens a step where drafting steps averaged 2.49)."""
+        few (its estimate ``1 / sqrt(rows)`` higher: run 89, top-p, seven steps measured 1.71
+        tokens a step, plain was chosen, drafting steps averaged 2.49)."""
         if self._rows >= _SURE_ROWS or self._futile():
             return False
         spec, plain = self._rate(b, self.max_len), self._rate(b, 0)
@@ -222,8 +223,7 @@ class DraftPolicy:
         return not self._sure and spec * (1 + self._rows**-0.5) >= plain * (1 + _MARGIN)
 
     def _measured_below(self, b: int, judged: bool = False) -> int | None:
-        """The nearest measured bucket below ``b``, if any; ``judged``: or one whose plain
-        steps are timed and speculation has had its first timed step."""
+        """The nearest measured bucket below ``b`` (``judged``: or timed both ways once)."""
         return next(
             (c for c in (b >> i for i in range(1, b.bit_length())) if self._measured(c, judged)),
             None,

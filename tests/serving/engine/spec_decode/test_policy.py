@@ -466,3 +466,25 @@ def test_a_first_verdict_against_speculation_waits_for_enough_rows() -> None:
     # probes (their history halved) do not measure on a trail: probes stay two steps
     trailing = _run(DraftPolicy(4), 2000, lambda n: [1, 1, 0, 1][n % 4])
     assert trailing[-100:] == [0] * 100 and 16 < trailing.count(4) < 60
+
+
+def test_speculation_once_chosen_stays_while_it_does_not_lose() -> None:
+    # run 90 (top-p, 1.26x by fixed drafting): with the 15% bar to stay as well as to start,
+    # the estimate's noise sent it plain now and then, and probes came back rarely (1.150x)
+    def landing(n: int) -> int:
+        if n < 40:
+            return 2  # 3 tokens a step at twice the cost: 1.5x
+        if n < 240:
+            return 1 if n % 10 else 2  # 2.1 tokens a step: 1.05x, under the bar to start
+        return [1, 1, 1, 1, 0][n % 5]  # 1.8 tokens: 0.9x, a loss
+
+    chosen = _run(DraftPolicy(4), 600, landing)
+    n, steps = 0, []
+    for k in chosen:  # the speculative step count when each choice was made
+        steps.append(n)
+        n += bool(k)
+    assert all(k == 4 for k, i in zip(chosen, steps, strict=True) if 50 <= i < 240)
+    assert chosen[-50:] == [0] * 50
+    # the same 1.05x never chosen from plain: the bar to start is the margin
+    near = _run(DraftPolicy(4), 300, lambda n: 1 if n % 10 else 2)
+    assert near[-50:] == [0] * 50
