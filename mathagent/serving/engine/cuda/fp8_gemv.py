@@ -5,10 +5,10 @@ Two kernels per product (:mod:`.fp8_gemv_kernels`), chained with programmatic de
 launch (PDL): a one-program row kernel computes the product's input ``f(x)``, its scale and its
 e4m3 codes with the rule of :func:`~mathagent.serving.engine.fp8_format.quantize_rows`; the
 GEMV then streams the e4m3 weights against those codes with no pre-pass of its own. The row
-kernel's latency sits between two products (0.23 ms of a 2.48 ms 8B step, H200); doing its work
-in every GEMV program instead measured slower (GPU_NOTES.md, session of 2026-12-04, fifteenth). The earlier single kernel repeated the
-row's statistics (two passes over K from L2) in every program before its stream, and re-quantised
-every input chunk in every program (benchmarks/GPU_NOTES.md, "FP8").
+kernel's latency sits between two products (0.23 ms of a 2.48 ms 8B step on the H200); doing its
+work in every GEMV program instead measured slower (benchmarks/GPU_NOTES.md, runs 86-87), as
+did the first single kernel, which repeated the row's statistics and re-quantised every input
+chunk in every program ("FP8"). One-row w13 runs in the GLU form (:data:`GLU`).
 
 The GEMV runs on the CUDA cores (float32 products of converted codes): ``tl.dot`` tiles on
 the tensor cores (wgmma at 64+ rows) and L2 prefetches of more tiles before the wait were
