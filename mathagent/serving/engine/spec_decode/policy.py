@@ -29,6 +29,14 @@ tokens a step where the run averaged 1.72; 0.86-0.95x plain before the margin). 
 ``_SURE_ROWS`` drafted rows, a lead short of the margin is measured on by speculating (run 83,
 top-p: five steps estimated 1.13x, plain was chosen at 0.987x where drafting ran 1.265x), and so
 is a first verdict while speculation trails by less than the noise of so few rows.
+
+While speculation wins, plain is timed again now and then (``_RETIME`` plain steps, the first
+not timed), so a plain measurement taken in a slow spell does not hold speculation on for good
+(CPU int4, batch 8: plain timed at 55 ms against a steady 31-33 kept speculation at 0.773x);
+the gap between re-timings keeps their cost, the lead given up and the drafter's catch-up, to
+``_BUDGET`` of the time. One module over the usual size, because :meth:`DraftPolicy.keeps` must
+predict from the same state every choice reads (a step launched ahead is thrown away when the
+choice after it differs).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ _UNTIMED_RATIO = 2.0  # cost ratio assumed for probe gaps before any bucket is t
 _MARGIN = 0.15  # how much faster than plain speculation's estimated rate must be to be chosen
 _STAY_MARGIN = 0.0  # ... to stay chosen (run 90, top-p at 1.26x: a 15% bar to stay, 1.150x)
 _SURE_ROWS = 16  # drafted rows (decayed) under which a close verdict is measured on
+_RETIME, _RETIME_CATCH_UP = 4, 4.0  # plain steps re-timing plain takes; its drafter's catch-up
 
 
 def bucket(batch: int) -> int:
@@ -78,6 +87,10 @@ class _Probes:  # when one bucket probes speculation while plain decoding wins t
     losses: int = 0  # probes in a row after which plain still won (each doubles the gap)
     left: int = 0  # speculative steps left in the probe under way
     winning: bool = False  # speculation won the last choice here (it stays while not losing)
+    spec_since: int = 0  # speculative steps since plain was last timed here
+    retime_gap: int = 0  # ... before it is timed again (set as a run of winning steps starts)
+    last: str = ""  # why the step now running was chosen
+    retiming: int = 0  # plain steps left in a re-timing of plain under way
 
 
 def closed(ceiling: float) -> bool:  # even a perfect drafter cannot win by the margin
@@ -122,6 +135,10 @@ class DraftPolicy:
         probes = self._probes.setdefault(b, _Probes())
         if event == "probing":
             probes.left -= 1
+        elif event == "retime":
+            probes.retiming, probes.spec_since, probes.retime_gap = _RETIME - 1, 0, 0
+        elif event == "retiming":
+            probes.retiming -= 1
         elif event == "probe":  # the gap is over: measure again, from fresh acceptance
             probes.since, probes.left = 0, _PROBE - 1
             probes.losses += 1  # until it wins: then the next choice resets it
@@ -131,7 +148,11 @@ class DraftPolicy:
             probes.since += 1
         elif event == "wins":
             probes.since = probes.losses = 0
-        probes.winning = event == "wins"
+            probes.spec_since += 1
+            # fixed for the run, so a step launched ahead knows when plain comes (keeps)
+            probes.retime_gap = probes.retime_gap or self._retime_gap(b)
+        probes.winning = event in ("wins", "retime", "retiming")
+        probes.last = event
         return k
 
     def plain_next(self, batch: int) -> bool:
@@ -143,9 +164,13 @@ class DraftPolicy:
         launched ahead is timed with the host's work, run 79). Changes nothing."""
         b = bucket(batch)
         chosen, event = self._plan(b)
+        probes = self._probes.get(b) or _Probes()
+        if probes.last in ("retime", "retiming") and not probes.retiming:
+            return False  # the verdict follows the re-timing's last step
         if event == "measure":
             return chosen == k and self._shape(b, k).to_ready() >= 2
-        return chosen == k and event in ("plain", "wins", "fixed", "probing", "undecided")
+        certain = ("plain", "wins", "fixed", "probing", "undecided", "retiming")
+        return chosen == k and event in certain
 
     def _plan(self, b: int) -> tuple[int, str]:
         """The next step's draft length at bucket ``b`` and why; changes nothing."""
@@ -154,6 +179,8 @@ class DraftPolicy:
         probes = self._probes.get(b) or _Probes()
         if probes.left:
             return self.max_len, "probing"
+        if probes.retiming:
+            return 0, "retiming"
         ceiling = self.ceiling(b)
         if ceiling is None:
             k, ceiling = self._unmeasured(b)
@@ -165,7 +192,9 @@ class DraftPolicy:
             best = 0 if closed(ceiling) else self._best(b, margin)
             if not best and not closed(ceiling) and self._undecided(b):
                 return self.max_len, "undecided"
-        if best:
+        if best:  # plain is timed again now and then: a slow spell may have timed it (CPU run 7)
+            if probes.retime_gap and probes.spec_since + 1 >= probes.retime_gap:
+                return 0, "retime"
             return best, "wins"
         ratio = self._ratio(b)
         gap = probe_gap(ratio, closed(ceiling), probes.losses, self._catch_up_steps(b))
@@ -209,6 +238,14 @@ class DraftPolicy:
     def _best(self, b: int, margin: float = _MARGIN) -> int:
         """The draft length of the best estimated rate at ``b``, plain's counted ``margin`` up."""
         return max(self.lengths, key=lambda k: self._rate(b, k) * (1.0 if k else 1.0 + margin))
+
+    def _retime_gap(self, b: int) -> int:
+        """Speculative steps between re-timings of plain at ``b``: each costs ``_RETIME`` plain
+        steps' lead and the drafter's catch-up, at most the budget's share of the time."""
+        lead = self._rate(b, self.max_len) / self._rate(b, 0) - 1.0
+        catch_up = self._catch_up_steps(b) if b in self._catch_up else _RETIME_CATCH_UP
+        cost = _RETIME * max(lead, 0.0) + catch_up
+        return max(_MIN_GAP, math.ceil(cost / (_BUDGET * self._ratio(b))))
 
     def _undecided(self, b: int) -> bool:
         """Too few drafted rows to tell: speculation leads plain by less than the margin, or,

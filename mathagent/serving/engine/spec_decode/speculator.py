@@ -123,9 +123,12 @@ class Speculator:
         same_rows = self._since is not None and self._since[0] == ids
         begin = self._since[1] if same_rows else start
         # a step that captured a CUDA graph is not timed (compiling); a first speculative step
-        # after plain ones is a probe's catch-up cost, not a step's (GPU_NOTES runs 65, 67)
+        # after plain ones is a probe's catch-up cost, not a step's (GPU_NOTES runs 65, 67), and
+        # a first plain step after speculative ones was launched by no step ahead of it
         timed = not wasted and self._captures() == captures and (k == 0 or self.last_depth > 0)
-        catching_up = k > 0 and same_rows and self._since is not None and self._since[2] == 0
+        last_k = self._since[2] if same_rows and self._since is not None else None
+        catching_up = k > 0 and last_k == 0
+        timed = timed and not (k == 0 and last_k)
         self._since = (ids, end, k)
         if timed and catching_up:
             self.policy.caught_up(len(seqs), end - begin)
