@@ -144,8 +144,8 @@ class DraftPolicy:
             probes.losses += 1  # until it wins: then the next choice resets it
             self._rows *= 0.5  # what was measured a gap ago counts half
             self._accepted = [a * 0.5 for a in self._accepted]
-        elif event == "plain":
-            probes.since += 1
+        elif event == "plain":  # plain is timed here again: a later run of wins counts anew
+            probes.since, probes.spec_since, probes.retime_gap = probes.since + 1, 0, 0
         elif event == "wins":
             probes.since = probes.losses = 0
             probes.spec_since += 1
