@@ -14,21 +14,25 @@ Probing is paid for. While plain wins, a probe (two speculative steps) comes aft
 plain steps sized so that probes cost at most ``_BUDGET`` of the plain time at the measured
 cost ratio ``r = t(b, k) / t(b, 0)`` (a probe loses at most ``r - 1`` plain steps, and its first
 step what a drafter catching up costs), doubling each time plain still wins. A bucket where even
-a perfect drafter (``E = 1 + k``) cannot win by the margin is closed: only re-measured, on the
-far smaller ``_CLOSED_BUDGET``; an unmeasured bucket above a closed one starts closed (a verify
-step's cost grows with rows x width, plain batched decode stays cheap per row), one above a
-bucket where speculation loses now starts plain with probes (run 31, 8B float32, batch 32:
-measuring each new bucket by speculating cost ~5% of the run), and none is measured by
-speculating once drafts all but never land (``E(k) < 1 + _FUTILE``: run 31, batch 8, 2.5%). A
-cold bucket above one (a batch ramping up) is timed plain first, and speculation there is
-judged on its first timed step: kept and timed fully if it wins, else plain with probes.
+a perfect drafter (``E = 1 + k``) cannot win by the margin is closed: it is only re-measured,
+on the far smaller ``_CLOSED_BUDGET``; an
+unmeasured bucket above a closed one starts closed (a verify step's cost grows with rows x
+width while plain batched decode stays cheap per row), and one above a bucket where speculation
+loses at the acceptance measured now starts plain with probes, so neither is measured by
+speculating (run 31, 8B float32, batch 32: measuring each new bucket by speculating cost ~5%
+of the run). Nor is a bucket measured by speculating once drafts all but never land: at
+``E(k) < 1 + _FUTILE`` plain wins whatever the costs (run 31, batch 8: 2.5% of the run).
+A cold bucket above one (a batch ramping up from nothing) is timed plain first, and speculation
+there is judged on its first timed step: kept and timed fully if it wins, else plain with probes.
 
 Speculation wins only by a margin: its estimated rate must beat plain's by ``_MARGIN`` to be
-chosen (once chosen it stays while it does not lose, ``_STAY_MARGIN``). Near a tie the gain is small and both estimates are noisy (CPU int4, batch 32: a probe measured 2.48
-tokens a step where the run averaged 1.72; 0.86-0.95x plain before the margin). On fewer than
-``_SURE_ROWS`` drafted rows, a lead short of the margin is measured on by speculating (run 83,
-top-p: five steps estimated 1.13x, plain was chosen at 0.987x where drafting ran 1.265x), and so
-is a first verdict while speculation trails by less than the noise of so few rows.
+chosen (once chosen it stays while it does not lose, ``_STAY_MARGIN``). Near a tie the gain is
+small and both estimates are noisy (CPU int4, batch 32: a probe measured 2.48 tokens a step
+where the run averaged 1.72; 0.86-0.95x plain before the margin). A lead short of the margin
+seen on fewer than ``_SURE_ROWS`` drafted rows is measured on by speculating, at no cost by the
+estimate (run 83, top-p: five steps estimated 1.13x, and plain was chosen at 0.987x where every
+step drafting ran 1.265x), and so is a first verdict while speculation trails by less than the
+noise of so few rows.
 
 While speculation wins, plain is timed again now and then (``_RETIME`` plain steps, the first
 not timed), so a plain measurement taken in a slow spell does not hold speculation on for good
@@ -71,7 +75,8 @@ class _Shape:
     seconds: float = 0.0  # the median of ``times`` (kept: every step asks for it)
     ready: bool = False  # enough steps timed
 
-    def to_ready(self) -> int:  # steps still to time before the median is ready
+    def to_ready(self) -> int:
+        """Steps still to time before the median is ready."""
         return max(0, _WARMUP - self.seen) + max(0, _READY - len(self.times))
 
     def add(self, seconds: float) -> None:
@@ -82,7 +87,9 @@ class _Shape:
 
 
 @dataclass
-class _Probes:  # when one bucket probes speculation while plain decoding wins there
+class _Probes:
+    """When one bucket probes speculation while plain decoding wins there."""
+
     since: int = 0  # plain steps since the last probe
     losses: int = 0  # probes in a row after which plain still won (each doubles the gap)
     left: int = 0  # speculative steps left in the probe under way
@@ -93,7 +100,8 @@ class _Probes:  # when one bucket probes speculation while plain decoding wins t
     retiming: int = 0  # plain steps left in a re-timing of plain under way
 
 
-def closed(ceiling: float) -> bool:  # even a perfect drafter cannot win by the margin
+def closed(ceiling: float) -> bool:
+    """Whether even a perfect drafter, at a bucket's measured costs, cannot win by the margin."""
     return ceiling <= 1.0 + _MARGIN
 
 
@@ -156,7 +164,9 @@ class DraftPolicy:
         return k
 
     def plain_next(self, batch: int) -> bool:
-        return self.keeps(batch, 0)  # the next step will be plain, settled
+        """Whether the next step of ``batch`` rows will be plain as a settled choice (so a plain
+        step may launch its successor ahead); changes nothing."""
+        return self.keeps(batch, 0)
 
     def keeps(self, batch: int, k: int) -> bool:
         """Whether the step after the one now running takes ``k`` drafts whatever this one
@@ -223,8 +233,9 @@ class DraftPolicy:
         return None, (1 + self.max_len) * plain.seconds / spec.seconds
 
     def ceiling(self, b: int) -> float | None:
-        """The most a perfect drafter could speed bucket ``b`` up at the measured step costs;
-        None while unknown. An unmeasured bucket above a closed one takes that one's."""
+        """The most a perfect drafter (every draft accepted) could speed bucket ``b`` up at the
+        measured step costs; None while unknown. An unmeasured bucket above a closed one
+        takes that one's ceiling."""
         if self._shape(b, self.max_len).ready and self._shape(b, 0).ready:
             return max((1 + k) / self._ratio(b, k) for k in self.lengths if k)
         below = self._measured_below(b)
@@ -232,7 +243,8 @@ class DraftPolicy:
             return c
         return None
 
-    def _futile(self) -> bool:  # drafts were seen and all but never land: any cost loses
+    def _futile(self) -> bool:
+        """Drafted rows were seen and their drafts all but never land (any cost loses)."""
         return self._rows >= _FUTILE_ROWS and self.expected_tokens(self.max_len) < 1 + _FUTILE
 
     def _best(self, b: int, margin: float = _MARGIN) -> int:
@@ -260,15 +272,16 @@ class DraftPolicy:
         return not self._sure and spec * (1 + self._rows**-0.5) >= plain * (1 + _MARGIN)
 
     def _measured_below(self, b: int, judged: bool = False) -> int | None:
-        """The nearest measured bucket below ``b`` (``judged``: or timed both ways once)."""
+        """The nearest measured bucket below ``b``, if any; ``judged``: or one whose plain
+        steps are timed and speculation has had its first timed step."""
         return next(
             (c for c in (b >> i for i in range(1, b.bit_length())) if self._measured(c, judged)),
             None,
         )
 
     def _measured(self, b: int, judged: bool = False) -> bool:
-        spec = self._shape(b, self.max_len)
-        return self._shape(b, 0).ready and (spec.ready or (judged and bool(spec.times)))
+        spec, plain = self._shape(b, self.max_len), self._shape(b, 0)
+        return plain.ready and (spec.ready or (judged and bool(spec.times)))
 
     def _ratio(self, b: int, k: int | None = None) -> float:
         """Cost of a ``k``-draft step (default the full length) over a plain one at ``b``, or
@@ -280,7 +293,8 @@ class DraftPolicy:
             return _UNTIMED_RATIO
         return self._cost(b, k) / self._shape(b, 0).seconds
 
-    def _rate(self, b: int, k: int) -> float:  # estimated tokens per second and row
+    def _rate(self, b: int, k: int) -> float:
+        """Estimated tokens per second per row of a step with ``k`` drafts."""
         return self.expected_tokens(k) / self._cost(b, k)
 
     def _cost(self, b: int, k: int) -> float:
@@ -298,7 +312,8 @@ class DraftPolicy:
             shape = self._shapes[(b, k)] = _Shape()
         return shape
 
-    def observed(self, batch: int, k: int, seconds: float) -> None:  # one step's wall time
+    def observed(self, batch: int, k: int, seconds: float) -> None:
+        """Count the wall time of one step of ``batch`` rows with ``k`` drafts."""
         self._shape(bucket(batch), k).add(seconds)
 
     def caught_up(self, batch: int, seconds: float) -> None:
