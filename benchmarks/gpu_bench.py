@@ -261,9 +261,6 @@ def main() -> None:
                         help="FP8 verify rows through fp8.linear, norm / SiLU / residual apart (fp8_gemv.FUSED_ROWS off)")  # fmt: skip
     parser.add_argument("--skip-redrafter", action="store_true", help="--only-spec: no ReDrafter")
     parser.add_argument("--draft-len", type=int, default=DRAFT_LEN, help="drafts per verify step")
-    parser.add_argument("--fused-table", default=None,
-                        help="JSON from fused_rows_sweep.py --table-out: these fused skinny launch "
-                             "shapes (cuda/skinny.py FUSED_CONFIGS) replace the committed table")  # fmt: skip
     parser.add_argument("--auto-warm-passes", type=int, default=1,
                         help="untimed passes before an auto row is timed")  # fmt: skip
     parser.add_argument("--weights", default="stable", choices=["stable", "random"],
