@@ -228,6 +228,8 @@ CONFIGS = {  # name -> engine settings; int4 is the fast CPU path (bf16 activati
     "float32_redrafter": dict(
         dtype="float32", quantization="none", speculative=f"redrafter:{DRAFTER}"
     ),
+    # prompt lookup (n-gram) on the int4 path: no drafter weights, only the prompt's tokens
+    "int4_ngram": dict(dtype="auto", quantization="int4", speculative="ngram"),
     # the int4 path with the shipped drafter on top (draft-length policy on, its default)
     "int4_redrafter": dict(dtype="auto", quantization="int4", speculative=f"redrafter:{DRAFTER}"),
     "int4_eagle3": dict(dtype="auto", quantization="int4", speculative=f"eagle3:{EAGLE3}"),
