@@ -520,3 +520,30 @@ def test_plain_is_timed_again_while_speculation_runs() -> None:
     stale = DraftPolicy(4)
     stale._retime_gap = lambda b: 10**9  # never timed again: speculation stays
     assert run(stale, 4000)[-2000:].count(4) == 2000
+
+
+def test_a_draining_batch_keeps_speculating_without_timing_plain() -> None:
+    # H200, default model, 32 rows finishing one by one (run 94): each smaller bucket was timed
+    # plain first, and the drafter caught up after, 0.881x where every step drafting ran 1.862x
+    policy = DraftPolicy(4)
+    for _ in range(12):  # batch 32 timed both ways: 4 tokens for 1.7 plain steps
+        policy.observed(32, 0, 1.0)
+        policy.observed(32, 4, 1.7)
+        policy.accepted(32, [3] * 32)
+    assert policy.choose(32) == 4
+    for batch in (31, 16, 9, 8, 5, 3, 2, 1):
+        assert policy.keeps(batch, 4)  # certain: the step after may be launched ahead
+        assert policy.choose(batch) == 4
+        policy.observed(batch, 4, 1.5)
+        policy.accepted(batch, [3] * batch)
+    assert all(ms.get(0) is None for b, ms in
+               ((b, d["step_ms"]) for b, d in policy.describe().items()) if b < 32)  # fmt: skip
+    # drafts that stop landing end it: the smaller bucket is measured as before, plain first
+    for _ in range(60):
+        policy.accepted(4, [0] * 4)
+    assert policy.choose(4) == 0
+
+
+def test_a_bucket_below_one_where_speculation_loses_does_not_inherit() -> None:
+    policy = measured(1.0, 6.0, accepted=4, batch=32)  # closed at 32
+    assert policy.choose(16) == 0  # a cold bucket above one: plain first, as before
