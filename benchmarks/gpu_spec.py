@@ -70,18 +70,27 @@ class ReplayProposer:
 class _ReplayGraphs:
     """What every device replay of one engine shares: the per-slot reference table, the wrong
     draft's column (a device value, so one captured graph serves every acceptance) and the
-    whole-step graphs."""
+    whole-step graphs. With ``inner`` (a ReDrafter proposer) its drafter's beam search runs
+    inside the step first, from a per-slot context the step's verify updates, as the engine's
+    one-graph ReDrafter step does; its drafts are discarded for the replayed ones."""
 
-    def __init__(self, runner, vocab: int) -> None:
-        self.device, self.vocab = runner.device, vocab
+    def __init__(self, runner, vocab: int, inner=None) -> None:
+        self.device, self.vocab, self.inner = runner.device, vocab, inner
         slots, self.max_seq = runner.cache.k.shape[1], runner.max_seq_len
         self.table = torch.zeros(slots, self.max_seq, dtype=torch.long, device=self.device)
         self.wrong = torch.zeros((), dtype=torch.long, device=self.device)
         self.owner: dict[int, str] = {}  # slot -> the request whose reference the table holds
+        if inner is not None:
+            hidden = inner.embedding.shape[1]
+            self.context = torch.zeros(slots, hidden, dtype=inner.dtype, device=self.device)
         self.steps = ChainStep(self, runner.graphs)
 
     def run(self, inp: ChainInputs, k: int) -> torch.Tensor:
         """Tokens at ``c + 1 .. c + k`` of each slot's reference, column ``wrong`` changed."""
+        if self.inner is not None:  # the real drafter runs (and costs) first
+            p = self.inner
+            p.drafter.beam_search(self.context[inp.slots], inp.window[:, -1], p.embedding,
+                                  p.beams, k)  # fmt: skip
         c = inp.start + inp.window.shape[1]  # the root's position
         cols = torch.arange(k, device=self.device)
         idx = (c[:, None] + 1 + cols).clamp(max=self.max_seq - 1)
@@ -92,19 +101,27 @@ class _ReplayGraphs:
     def verified(self, inp: ChainInputs, pos: torch.Tensor, captured) -> None:
         pass
 
+    def settled(self, inp: ChainInputs, last: torch.Tensor) -> None:
+        """The inner drafter's next context: the target's state at the last accepted node."""
+        if self.inner is not None:
+            self.context[inp.slots] = last.to(self.context.dtype)
 
-_SHARED: dict[int, _ReplayGraphs] = {}
+
+_SHARED: dict[tuple[int, int], _ReplayGraphs] = {}  # (runner, inner drafter) -> graphs
 
 
 class DeviceReplay:
     """:class:`ReplayProposer` drafting on the device, inside the whole step's graph."""
 
-    def __init__(self, refs: dict[tuple, list[int]], accept: int, vocab: int, runner) -> None:
-        self.host = ReplayProposer(refs, accept, vocab)  # steps the fused graph does not take
+    def __init__(self, refs: dict[tuple, list[int]], accept: int, vocab: int, runner,
+                 inner=None) -> None:  # fmt: skip
+        # steps the fused graph does not take: the host replay, its drafter drafting too
+        self.host = ReplayProposer(refs, accept, vocab, inner)
         self.refs = refs
-        if id(runner) not in _SHARED:
-            _SHARED[id(runner)] = _ReplayGraphs(runner, vocab)
-        self.shared = _SHARED[id(runner)]
+        key = (id(runner), id(inner))
+        if key not in _SHARED:
+            _SHARED[key] = _ReplayGraphs(runner, vocab, inner)
+        self.shared = _SHARED[key]
         self.shared.steps.drop()
         self.shared.owner.clear()  # these references, not the last proposer's
         self.shared.wrong.fill_(accept - 1)  # >= k: nothing wrong
@@ -139,9 +156,10 @@ class DeviceReplay:
 
 def replay_proposer(engine: LLMEngine, refs, accept: int, vocab: int, inner=None,
                     replay: str = "device"):  # fmt: skip
-    """The device replay where it can run (CUDA graphs, no inner drafter), else the host one."""
-    if replay == "device" and inner is None and engine.runner.graphs is not None:
-        return DeviceReplay(refs, accept, vocab, engine.runner)  # graphs captured in run()
+    """The device replay where it can run (CUDA graphs), else the host one; an ``inner``
+    ReDrafter drafts inside the device replay's step as in the engine's one-graph step."""
+    if replay == "device" and engine.runner.graphs is not None:
+        return DeviceReplay(refs, accept, vocab, engine.runner, inner)  # graphs captured in run()
     return ReplayProposer(refs, accept, vocab, inner)
 
 
@@ -332,4 +350,5 @@ def redrafter_section(engine: LLMEngine, vocab: int, draft_len: int, max_tokens=
     drafter = Drafter(cfg).to(emb.device, emb.dtype).eval()
     inner = ReDrafterProposer(drafter, emb.detach(), 1)
     prompts = random_prompts(1, vocab, 32, seed=101)
-    return batch_section(engine, prompts, max_tokens, vocab, draft_len, inner)
+    return batch_section(engine, prompts, max_tokens, vocab, draft_len, inner,
+                         replays=("device", "host"))  # fmt: skip
