@@ -54,7 +54,9 @@ class EngineSettings(BaseModel):
         description="draft beams (greedy); unset = 4, 1 with CPU int4 or EAGLE-3 on CUDA",
     )
     eager: bool | Literal["auto"] = Field(
-        "auto", description="skip torch.compile / CUDA graphs; auto = graphs on CUDA, eager on CPU"
+        "auto",
+        description="skip torch.compile / CUDA graphs; auto = graphs on CUDA, eager on CPU "
+        "(a CPU stays eager: compiled, its steps ran 30-100x slower)",
     )
     lookup_branch: bool | Literal["auto"] = Field(
         "auto",
