@@ -39,6 +39,7 @@ from mathagent.serving.engine.spec_config import SpecMethod
 from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, ChainStep
 from mathagent.serving.engine.spec_decode.policy import DraftPolicy
 from mathagent.serving.engine.spec_decode.proposal import Draft, SpecRow
+from mathagent.serving.engine.spec_decode.redrafter_device import DeviceReDrafter
 from mathagent.serving.engine.spec_decode.stats import SpecStats
 
 REPLAY = SpecMethod("draft", "replay")
@@ -70,27 +71,23 @@ class ReplayProposer:
 class _ReplayGraphs:
     """What every device replay of one engine shares: the per-slot reference table, the wrong
     draft's column (a device value, so one captured graph serves every acceptance) and the
-    whole-step graphs. With ``inner`` (a ReDrafter proposer) its drafter's beam search runs
-    inside the step first, from a per-slot context the step's verify updates, as the engine's
-    one-graph ReDrafter step does; its drafts are discarded for the replayed ones."""
+    whole-step graphs. With ``inner`` (a ReDrafter proposer) the engine's one-graph ReDrafter
+    drafter (:class:`DeviceReDrafter`) runs inside the step first, from the per-slot context the
+    step's verify updates; its drafts are discarded for the replayed ones."""
 
     def __init__(self, runner, vocab: int, inner=None) -> None:
-        self.device, self.vocab, self.inner = runner.device, vocab, inner
+        self.device, self.vocab = runner.device, vocab
         slots, self.max_seq = runner.cache.k.shape[1], runner.max_seq_len
         self.table = torch.zeros(slots, self.max_seq, dtype=torch.long, device=self.device)
         self.wrong = torch.zeros((), dtype=torch.long, device=self.device)
         self.owner: dict[int, str] = {}  # slot -> the request whose reference the table holds
-        if inner is not None:
-            hidden = inner.embedding.shape[1]
-            self.context = torch.zeros(slots, hidden, dtype=inner.dtype, device=self.device)
+        self.inner = None if inner is None else DeviceReDrafter(inner, slots, self.device)
         self.steps = ChainStep(self, runner.graphs)
 
     def run(self, inp: ChainInputs, k: int) -> torch.Tensor:
         """Tokens at ``c + 1 .. c + k`` of each slot's reference, column ``wrong`` changed."""
         if self.inner is not None:  # the real drafter runs (and costs) first
-            p = self.inner
-            p.drafter.beam_search(self.context[inp.slots], inp.window[:, -1], p.embedding,
-                                  p.beams, k)  # fmt: skip
+            self.inner.run(inp, k)
         c = inp.start + inp.window.shape[1]  # the root's position
         cols = torch.arange(k, device=self.device)
         idx = (c[:, None] + 1 + cols).clamp(max=self.max_seq - 1)
@@ -104,7 +101,7 @@ class _ReplayGraphs:
     def settled(self, inp: ChainInputs, last: torch.Tensor) -> None:
         """The inner drafter's next context: the target's state at the last accepted node."""
         if self.inner is not None:
-            self.context[inp.slots] = last.to(self.context.dtype)
+            self.inner.settled(inp, last)
 
 
 _SHARED: dict[tuple[int, int], _ReplayGraphs] = {}  # (runner, inner drafter) -> graphs
