@@ -1,12 +1,13 @@
 """EAGLE-3 acceptance through the engine on the benchmark's prompts (no timing): tree and chain.
 
 For the first ``--limit`` GSM8K test problems in the agent's prompt (as ``spec_bench.py``
-renders them), greedy, one request at a time, float32 CPU: acceptance length, accepted/drafted,
+renders them), greedy, one request at a time, CPU (float32 unless ``--dtype``): acceptance length, accepted/drafted,
 per-position acceptance and whether the output equals plain greedy, for a tree of 4 beams of 3
 tokens and a chain of 5 tokens by default, every step drafting. Prints JSON.
 
     python benchmarks/eagle3_acceptance.py [--limit 5] [--offset 0] [--max-tokens 64] [--eagle3 DIR]
                                            [--configs 4x3,1x5]  (beams x draft tokens)
+                                           [--dtype float32|bfloat16] [--lookup-branch auto|on|off]
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ def main() -> None:
     parser.add_argument(
         "--configs", default="4x3,1x5", help="beams x draft tokens, comma-separated"
     )
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument(
+        "--lookup-branch",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="verify the prompt-lookup chain beside EAGLE-3's (auto: off on a CPU)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     model_dir, out = Settings().model_dir, {}
@@ -47,7 +55,8 @@ def main() -> None:
         # every step drafts: the draft-length policy would choose plain for a wide tree
         settings = EngineSettings(device="cpu", max_batch_size=1, max_seq_len=1024,
                                   draft_beams=beams, draft_len=length, threads=1,
-                                  adaptive_draft=False)  # fmt: skip
+                                  adaptive_draft=False, dtype=args.dtype,
+                                  lookup_branch=args.lookup_branch)  # fmt: skip
         engine = LLMEngine(EngineConfig.from_settings(settings, resolve_model(None, model_dir)),
                            model_dir)  # fmt: skip
         prompts = agent_prompts(engine, args.offset + args.limit)[args.offset :]
@@ -63,7 +72,14 @@ def main() -> None:
         out[f"beams{beams}_len{length}"] = {k: d[k] for k in KEYS} | {
             "identical_to_plain_greedy": same
         }
-    head = {"problems": args.limit, "offset": args.offset, "max_tokens": args.max_tokens}
+    head = {
+        "problems": args.limit,
+        "offset": args.offset,
+        "max_tokens": args.max_tokens,
+        "dtype": args.dtype,
+        "lookup_branch": args.lookup_branch,
+        "eagle3": str(args.eagle3),
+    }
     print(json.dumps(head | out, indent=2))
 
 
