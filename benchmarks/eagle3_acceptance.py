@@ -1,9 +1,10 @@
 """EAGLE-3 acceptance through the engine on the benchmark's prompts (no timing): tree and chain.
 
 For the first ``--limit`` GSM8K test problems in the agent's prompt (as ``spec_bench.py``
-renders them), greedy, one request at a time, CPU (float32 unless ``--dtype``): acceptance length, accepted/drafted,
-per-position acceptance and whether the output equals plain greedy, for a tree of 4 beams of 3
-tokens and a chain of 5 tokens by default, every step drafting. Prints JSON.
+renders them), greedy, one request at a time, CPU (float32 unless ``--dtype``): acceptance
+length, accepted/drafted, per-position acceptance and whether the output equals plain greedy,
+for a tree of 4 beams of 3 tokens and a chain of 5 tokens by default, every step drafting.
+Prints JSON.
 
     python benchmarks/eagle3_acceptance.py [--limit 5] [--offset 0] [--max-tokens 64] [--eagle3 DIR]
                                            [--configs 4x3,1x5]  (beams x draft tokens)

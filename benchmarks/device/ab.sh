@@ -6,11 +6,7 @@
 # Each run: 20 agent prompts x 256 tokens, bf16, chains of 6, plain / EAGLE-3 fixed / auto;
 # AB_TIMEOUT (default 170 s) bounds each one.
 set -uo pipefail
-G=/tmp/gg/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f $G ] || cat /tmp/gg/g0 /tmp/gg/g1 .devrun/gg/g2 > $G
-[ "$(md5sum < $G | cut -c1-32)" = a1231443440b107ff29f02bdb38c9d0a ] || { echo "no GGUF"; exit 3; }
-R=$PWD D=$PWD/mathagent/serving/drafters
-export PYTHONPATH=$R:$R/benchmarks:/tmp/site MATHAGENT_CACHE_DIR=/tmp/mc PYTHONUNBUFFERED=1
+. "$(dirname "$0")/model.sh"  # $G, $R, $D, PYTHONPATH
 while [ $# -gt 1 ]; do
   name=$1 flags=$2; shift 2
   start=$(date +%s)

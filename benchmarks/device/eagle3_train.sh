@@ -7,12 +7,8 @@
 #   DISTILL_DTYPE (default float32): the base's dtype for the transcripts, labels and features
 #   needs .devrun/gg/g2 and .devrun/prompts_on.jsonl (scripts/drafter_prompts.py) carried
 set -uo pipefail
-G=/tmp/gg/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f $G ] || cat /tmp/gg/g0 /tmp/gg/g1 .devrun/gg/g2 > $G
-[ "$(md5sum < $G | cut -c1-32)" = a1231443440b107ff29f02bdb38c9d0a ] || { echo "no GGUF"; exit 3; }
-R=$PWD D=$PWD/mathagent/serving/drafters
-export PYTHONPATH=$R:$R/benchmarks:/tmp/site MATHAGENT_CACHE_DIR=/tmp/mc PYTHONUNBUFFERED=1 \
-  MATHAGENT_MODEL=$G MATHAGENT_ENGINE__DEVICE=cuda MATHAGENT_ENGINE__DTYPE="${DISTILL_DTYPE:-float32}" \
+. "$(dirname "$0")/model.sh"  # $G, $R, $D, PYTHONPATH
+export MATHAGENT_MODEL=$G MATHAGENT_ENGINE__DEVICE=cuda MATHAGENT_ENGINE__DTYPE="${DISTILL_DTYPE:-float32}" \
   MATHAGENT_ENGINE__MAX_BATCH_SIZE=512 MATHAGENT_ENGINE__MAX_SEQ_LEN=1664
 # shellcheck disable=SC2086  # the flags are words
 timeout "${JOB_TIMEOUT:-570}" python3 scripts/eagle3_device_job.py --prompts .devrun/prompts_on.jsonl \
