@@ -9,6 +9,7 @@ Prints JSON.
     python benchmarks/eagle3_acceptance.py [--limit 5] [--offset 0] [--max-tokens 64] [--eagle3 DIR]
                                            [--configs 4x3,1x5]  (beams x draft tokens)
                                            [--dtype float32|bfloat16] [--lookup-branch auto|on|off]
+                                           [--lookup-len auto|N]
 """
 
 from __future__ import annotations
@@ -48,7 +49,13 @@ def main() -> None:
         default="auto",
         help="verify the prompt-lookup chain beside EAGLE-3's (auto: off on a CPU)",
     )
+    parser.add_argument(
+        "--lookup-len",
+        default="auto",
+        help="drafts of the lookup branch (at least the chain's; auto: the chain's on a CPU)",
+    )
     args = parser.parse_args()
+    lookup_len = args.lookup_len if args.lookup_len == "auto" else int(args.lookup_len)
     torch.set_num_threads(1)
     model_dir, out = Settings().model_dir, {}
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
@@ -57,7 +64,8 @@ def main() -> None:
         settings = EngineSettings(device="cpu", max_batch_size=1, max_seq_len=1024,
                                   draft_beams=beams, draft_len=length, threads=1,
                                   adaptive_draft=False, dtype=args.dtype,
-                                  lookup_branch=args.lookup_branch)  # fmt: skip
+                                  lookup_branch=args.lookup_branch,
+                                  lookup_len=lookup_len)  # fmt: skip
         engine = LLMEngine(EngineConfig.from_settings(settings, resolve_model(None, model_dir)),
                            model_dir)  # fmt: skip
         prompts = agent_prompts(engine, args.offset + args.limit)[args.offset :]
@@ -79,6 +87,7 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "dtype": args.dtype,
         "lookup_branch": args.lookup_branch,
+        "lookup_len": args.lookup_len,
         "eagle3": str(args.eagle3),
     }
     print(json.dumps(head | out, indent=2))

@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="draft-length policy of the speculative methods (both: each twice)")  # fmt: skip
     group.add_argument("--no-lookup-branch", action="store_true",
                        help="EAGLE-3 chains without the prompt-lookup branch beside them")  # fmt: skip
+    group.add_argument("--lookup-len", default="auto",
+                       help="drafts of the lookup branch (auto: the engine's; N: at least the "
+                       "chain's, so N = the draft length keeps the branches even)")  # fmt: skip
     group.add_argument("--no-fused-rows", action="store_true",
                        help="no layer takes the fused skinny form (cuda/skinny.py FUSED_CONFIGS "
                             "emptied): the path before run 59, for an A/B in one run")  # fmt: skip
@@ -122,9 +125,22 @@ def make_engine(args: argparse.Namespace, model_dir: Path, graphs: bool = True) 
         draft_len=args.default_draft_len,
         eager=not (graphs and args.default_device.startswith("cuda")),
         lookup_branch=not getattr(args, "no_lookup_branch", False),
+        lookup_len=_lookup_len(getattr(args, "lookup_len", "auto")),
         **({"draft_beams": beams} if beams else {}),
     )  # fmt: skip
     return LLMEngine(EngineConfig.from_settings(settings, model=args.default_model), model_dir)
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    """The first token index where two outputs differ (the shorter length if one extends the
+    other)."""
+    return next(
+        (j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
+
+
+def _lookup_len(value: str) -> int | str:
+    return value if value == "auto" else int(value)
 
 
 # option -> the module setting it sets ("a+b.NAME": in both modules); "on" / "off" as booleans
@@ -291,6 +307,7 @@ def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], time
            "max_tokens": args.default_max_tokens, "draft_len": args.default_draft_len,
            "beams": engine.config.draft_beams, "batch": getattr(args, "default_batch", 1),
            "lookup_branch": engine.config.lookup_branch,
+           "lookup_len": getattr(args, "lookup_len", "auto"),
            "temperature": getattr(args, "default_temperature", 0.0),
            "top_p": getattr(args, "default_top_p", 1.0),
            "methods": {}}  # fmt: skip
@@ -305,6 +322,11 @@ def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], time
                  "tokens": t["tokens"], "end_to_end_s": round(t["wall"], 3),
                  "identical_to_plain_greedy": outputs[method] == reference,
                  "steps_launched_ahead": t["ahead"]}  # fmt: skip
+        if outputs[method] != reference:  # [problem, first differing token, its length]
+            entry["divergent"] = [
+                [i, _first_difference(a, b), len(a)]
+                for i, (a, b) in enumerate(zip(outputs[method], reference, strict=True)) if a != b
+            ]  # fmt: skip
         if method == "none":
             entry["acceptance_length"] = 1.0
         else:

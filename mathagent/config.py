@@ -9,7 +9,7 @@ and pass the relevant section down explicitly.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -63,6 +63,11 @@ class EngineSettings(BaseModel):
         description="EAGLE-3 greedy chains verify a prompt-lookup (n-gram) chain beside them, "
         "as a second branch of one tree, the longer accepted branch kept; auto = on CUDA only "
         "(a CPU's int4 verify costs in proportion to its rows)",
+    )
+    lookup_len: Annotated[int, Field(ge=1, le=15)] | Literal["auto"] = Field(
+        "auto",
+        description="drafts of that prompt-lookup chain (at least the EAGLE-3 chain's; its "
+        "extra drafts add verify rows, not draft steps); auto = the chain's length",
     )
     adaptive_draft: bool = Field(
         True,

@@ -40,6 +40,7 @@ class EngineConfig:
     adaptive_draft: bool = True
     tokenizer: str | None = None  # a tokenizer used instead of the model's own
     lookup_branch: bool = True  # EAGLE-3 chains verify a prompt-lookup chain beside them
+    lookup_len: int = 0  # that chain's drafts (at least the chain's); 0: the chain's
 
     @classmethod
     def from_settings(cls, settings: EngineSettings, model: str | None = None) -> EngineConfig:
@@ -69,6 +70,7 @@ class EngineConfig:
             adaptive_draft=settings.adaptive_draft,
             tokenizer=settings.tokenizer,
             lookup_branch=resolve_lookup_branch(settings.lookup_branch, device),
+            lookup_len=0 if settings.lookup_len == "auto" else settings.lookup_len,
         )
 
 

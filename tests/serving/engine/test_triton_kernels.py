@@ -270,7 +270,8 @@ def test_the_fused_head_layer_equals_the_eager_layer(dev) -> None:
 def test_the_step_glue_kernels_equal_the_pytorch_glue(dev) -> None:
     """``cuda.chain_glue`` (one launch each for the verify inputs, the accepted path's K/V
     move, and the outcome with the next step's inputs) against the step's PyTorch forms, over
-    random trees of one and two beams, padded rows on the scratch slot included."""
+    random trees of one and two beams (ragged ones too: a chain beside a longer lookup),
+    padded rows on the scratch slot included."""
     from mathagent.serving.engine.cuda import chain_glue
     from mathagent.serving.engine.cuda.forward import StepInputs
     from mathagent.serving.engine.spec_decode.chain_step import ChainInputs, ChainStep
@@ -281,7 +282,9 @@ def test_the_step_glue_kernels_equal_the_pytorch_glue(dev) -> None:
     )
 
     gen, scratch = torch.Generator().manual_seed(1), 9
-    for bucket, width, k in ((4, 2, 3), (1, 2, 6), (2, 1, 4), (8, 2, 6)):
+    shapes = ((4, (3, 3)), (1, (6, 6)), (2, (4,)), (8, (6, 6)), (1, (6, 9)), (4, (3, 5)))
+    for bucket, lengths in shapes:
+        width, k = len(lengths), max(lengths)
         for _ in range(3):
             inp = ChainInputs.allocate(bucket, k + 1, dev)
             slots = torch.randperm(scratch, generator=gen)[:bucket]
@@ -290,13 +293,17 @@ def test_the_step_glue_kernels_equal_the_pytorch_glue(dev) -> None:
             windows = torch.randint(0, 100, (bucket, k + 1), generator=gen)
             inp.packed.copy_(torch.cat([slots, starts, windows.flatten()]))
             beams = torch.randint(-1, 50, (bucket, width, k + 1), generator=gen)
-            tree = TreeBatch(beams.to(dev), [])
+            for w, n in enumerate(lengths):
+                beams[:, w, 1 + n :] = -1  # a shorter beam's padding
+            tree = TreeBatch(beams.to(dev), [], lengths if len(set(lengths)) > 1 else None)
             want, got = (StepInputs.allocate(bucket, tree.nodes, dev) for _ in range(2))
-            c = ChainStep.feed(tree.beams, tree.node_depths(), inp, want)
-            c2 = chain_glue.feed(tree.beams, tree.node_depths(), inp.slots, inp.start, got.packed)
+            c = ChainStep.feed(tree.beams, tree.node_depths(), inp, want, tree.layout().gather)
+            c2 = chain_glue.feed(tree.beams, tree.node_depths(), tree.layout().gather,
+                                 inp.slots, inp.start, got.packed)  # fmt: skip
             assert torch.equal(c, c2) and torch.equal(want.packed, got.packed)
             logits = torch.randn(bucket, tree.nodes, 50, generator=gen).to(dev)
-            accepted, path, tokens = accept_longest(tree.beams, logits, tree.parents())
+            accepted, path, tokens = accept_longest(tree.beams, logits, tree.parents(),
+                                                    tree.offsets())  # fmt: skip
             kv = [torch.randn(3, scratch + 1, 2, 64, 16, generator=gen).to(dev) for _ in range(2)]
             kv2 = [x.clone() for x in kv]
             move_path(kv, inp.slots, c, path)

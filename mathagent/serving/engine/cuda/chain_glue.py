@@ -26,19 +26,19 @@ ENABLED = True  # False: the PyTorch glue (the reference the kernels are tested 
 if triton is not None:
 
     @triton.jit
-    def _feed_kernel(beams_ptr, depths_ptr, slots_ptr, start_ptr, packed_ptr, c_ptr, B,
-                     W: tl.constexpr, K: tl.constexpr, NODES: tl.constexpr,
+    def _feed_kernel(beams_ptr, depths_ptr, gather_ptr, slots_ptr, start_ptr, packed_ptr, c_ptr,
+                     B, W: tl.constexpr, K: tl.constexpr, NODES: tl.constexpr,
                      NP: tl.constexpr):  # fmt: skip
-        # One row: its tree's nodes (the root, then each beam's K drafts) into the packed
-        # StepInputs layout [tokens, positions, write, write_slot] x [B, NODES], slots, start.
+        # One row: its tree's nodes (the root, then each beam's drafts, gather naming each
+        # node's column in the row's [W, K + 1] beams) into the packed StepInputs layout
+        # [tokens, positions, write, write_slot] x [B, NODES], slots, start.
         b = tl.program_id(0)
         n = tl.arange(0, NP)
         ok = n < NODES
         c = tl.load(start_ptr + b) + (K + 1)  # the root's position
         slot = tl.load(slots_ptr + b)
-        beam = tl.where(n == 0, 0, (n - 1) // K)
-        depth = tl.where(n == 0, 0, (n - 1) % K + 1)
-        tok = tl.load(beams_ptr + (b * W + beam) * (K + 1) + depth, mask=ok, other=0)
+        col = tl.load(gather_ptr + n, mask=ok, other=0)
+        tok = tl.load(beams_ptr + b * W * (K + 1) + col, mask=ok, other=0)
         tok = tl.maximum(tok, 0)  # padding (-1) fed as token 0
         pos = c + tl.load(depths_ptr + n, mask=ok, other=0)
         row = b * NODES + n
@@ -106,15 +106,16 @@ def usable(device: torch.device) -> bool:
     return ENABLED and triton is not None and device.type == "cuda"
 
 
-def feed(beams: torch.Tensor, depths: torch.Tensor, slots: torch.Tensor, start: torch.Tensor,
-         packed: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """:meth:`ChainStep.feed` in one launch: ``beams [B, W, 1 + K]`` (contiguous int64),
-    ``depths [nodes]``; writes ``packed`` (the verify StepInputs' buffer); returns ``c [B]``."""
+def feed(beams: torch.Tensor, depths: torch.Tensor, gather: torch.Tensor, slots: torch.Tensor,
+         start: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """:meth:`ChainStep.feed` in one launch: ``beams [B, W, 1 + K]`` (contiguous int64), the
+    tree's ``depths [nodes]`` and ``gather [nodes]`` (:class:`~.tree_batch.Layout`); writes
+    ``packed`` (the verify StepInputs' buffer); returns ``c [B]``."""
     b, w, k1 = beams.shape
-    nodes = 1 + w * (k1 - 1)
+    nodes = gather.shape[0]
     c = torch.empty_like(start)
-    _feed_kernel[(b,)](beams.contiguous(), depths, slots, start, packed, c, b, W=w, K=k1 - 1,
-                       NODES=nodes, NP=triton.next_power_of_2(nodes))  # fmt: skip
+    _feed_kernel[(b,)](beams.contiguous(), depths, gather, slots, start, packed, c, b, W=w,
+                       K=k1 - 1, NODES=nodes, NP=triton.next_power_of_2(nodes))  # fmt: skip
     return c
 
 

@@ -99,15 +99,32 @@ class ChainDrafter(Protocol):
 class Branches:
     """Several chain drafters from the same root as one tree of ``len(parts)`` beams: the
     verify scores every chain and greedy acceptance keeps the longest (the first on ties).
-    Sampled rows accept on the first part's chain, which that part samples if it can."""
+    Sampled rows accept on the first part's chain, which that part samples if it can.
 
-    def __init__(self, *parts: ChainDrafter) -> None:
+    ``depth(k, rows)``: how many drafts the parts after the first bring beside the first's
+    ``k`` in a greedy step of ``rows`` rows (at least ``k``; the first's chain is padded to it
+    and its padding gets no verify node): a copied continuation is cheap to draft and, when
+    right, often right for longer than the head's chain (:meth:`lengths`)."""
+
+    def __init__(self, *parts: ChainDrafter, depth: Callable[[int, int], int] | None = None):
         self.parts = parts
         self.device = parts[0].device
         self.samples = samples_drafts(parts[0])
+        self._depth = depth
+
+    def lengths(self, k: int, rows: int) -> tuple[int, ...]:
+        """Drafts each part verifies in a greedy step of ``rows`` rows drafting ``k``."""
+        d = k if self._depth is None else max(k, self._depth(k, rows))
+        return (k, *(d,) * (len(self.parts) - 1))
 
     def run(self, inp: ChainInputs, k: int) -> Tensor:
-        return torch.stack([part.run(inp, k) for part in self.parts], 1)  # [B, W, 1 + k]
+        """``[B, W, 1 + D]``: the first part's ``k`` drafts (padded with -1), the others' ``D``,
+        ``D`` the window's ``T - 1`` (the step sizes its window to the longest branch)."""
+        d = inp.window.shape[1] - 1
+        first = self.parts[0].run(inp, k)
+        if d > k:
+            first = torch.nn.functional.pad(first, (0, d - k), value=-1)
+        return torch.stack([first, *(part.run(inp, d) for part in self.parts[1:])], 1)
 
     def run_sampled(
         self, inp: ChainInputs, k: int, warp: SamplingBatch, u: Tensor
@@ -193,6 +210,7 @@ class ChainStep:
         self.drafter = drafter
         self.graphs = graphs
         self.width = width  # chains per row the drafter returns (a tree when > 1)
+        self._lengths = getattr(drafter, "lengths", None)  # ragged greedy branches (Branches)
         self.samples = samples_drafts(drafter)  # sampled rows draw its drafts: k more uniforms
         self._graphs: dict[GraphKey, _Graph] = {}
         self._ahead: _Launch | None = None  # a step launched before its inputs were read
@@ -209,9 +227,25 @@ class ChainStep:
 
             self._glue = chain_glue if chain_glue.usable(drafter.device) else None
 
+    def lengths(self, rows: int, k: int, cuts: Cuts | None = None) -> tuple[int, ...]:
+        """Drafts each chain of a step of ``rows`` rows drafting ``k`` verifies: ``k`` each,
+        or for an all-greedy step (``cuts`` None) what a ragged drafter asks (the lookup
+        beside EAGLE-3's chain). The step's window is the longest plus its root."""
+        if cuts is None and self._lengths is not None:
+            return tuple(self._lengths(k, self.graphs.bucket(rows)))
+        return (k,) * self.width
+
+    def depth(self, rows: int, k: int, cuts: Cuts | None = None) -> int:
+        """The most drafts a chain of the step verifies (its window is this plus the root)."""
+        return max(self.lengths(rows, k, cuts))
+
+    def nodes(self, rows: int, k: int, cuts: Cuts | None = None) -> int:
+        """The verify nodes of each row of the step."""
+        return 1 + sum(self.lengths(rows, k, cuts))
+
     def fits(self, rows: int, k: int) -> bool:
         """Whether :meth:`step` takes ``rows`` rows drafting ``k`` (a captured verify shape)."""
-        nodes = 1 + self.width * k  # the step's own verify shape
+        nodes = self.nodes(rows, k)  # the step's own verify shape
         if not self.graphs.accepts(1, nodes) and k not in self._too_wide:
             self._too_wide.add(k)  # the host path runs every such step: say so once
             log.warning(
@@ -238,7 +272,7 @@ class ChainStep:
         self, slots: list[int], starts: list[int], windows: list[list[int]], k: int,
         ahead: bool = False, sampling: list[RowSampling] | None = None,
     ) -> tuple[list[list[int]], Tensor]:  # fmt: skip
-        """Draft, verify and accept rows whose windows of ``k + 1`` tokens start at
+        """Draft, verify and accept rows whose windows (:meth:`depth` + 1 tokens) start at
         ``starts``: per row ``[accepted, committed tokens..., -1...]`` on the host and the
         target's hidden state ``[B, H]`` at the last accepted node. The outcome is the step's
         one host sync; with ``ahead`` the same rows' next step is launched before it (each row
@@ -272,15 +306,17 @@ class ChainStep:
         self, rows: list[SpecRow], k: int, ahead: bool,
         before: Callable[[SpecRow], None] | None = None,
     ) -> tuple[list[Draft], list[list[int]], Tensor]:  # fmt: skip
-        """:meth:`step` for greedy rows with room: each row's window is its last ``k + 1``
+        """:meth:`step` for rows with room: each row's window is its last :meth:`depth` + 1
         tokens, ending with the root at ``c = num_cached`` (``before(row)`` runs first: a
         drafter's bookkeeping). Returns the drafts' shapes, the outcome rows and the hidden
         states, as a proposer's ``fused_step`` does."""
         for row in rows if before is not None else ():
             before(row)
-        slots, starts, windows = windows_of(rows, k)
-        host, last = self.step(slots, starts, windows, k, ahead, sampling_of(rows))
-        drafts = [Draft(torch.tensor([w[-1:] + [0] * k])) for w in windows]  # shapes only
+        sampling = sampling_of(rows)
+        d = self.depth(len(rows), k, Cuts.of_rows(sampling))
+        slots, starts, windows = windows_of(rows, d)
+        host, last = self.step(slots, starts, windows, k, ahead, sampling)
+        drafts = [Draft(torch.tensor([w[-1:] + [0] * d])) for w in windows]  # shapes only
         return drafts, host, last
 
     def drop(self) -> None:
@@ -292,7 +328,7 @@ class ChainStep:
         """Copy the rows' inputs (padded rows on the scratch slot) into the graph's, in one copy."""
         g = self._graphs[key]
         pad = key[0] - len(slots)
-        width = key[1] + 1
+        width = g.inp.window.shape[1]
         values = ChainInputs.columns(
             slots + [self.graphs.scratch_slot] * pad,
             starts + [0] * pad,
@@ -363,14 +399,18 @@ class ChainStep:
             beams, q = run_sampled(inp, k, warp, sampling[:, SAMPLING_COLUMNS + k + 1 :])
         else:
             beams = self.drafter.run(inp, k)
-        tree = TreeBatch(beams if beams.dim() == 3 else beams[:, None], [])
+        lengths = self.lengths(inp.slots.shape[0], k, cuts)
+        ragged = lengths if len(set(lengths)) > 1 else None
+        tree = TreeBatch(beams if beams.dim() == 3 else beams[:, None], [], ragged)
+        lay = tree.layout()
         if self._glue is not None:
-            c = self._glue.feed(tree.beams, tree.node_depths(), inp.slots, inp.start,
+            c = self._glue.feed(tree.beams, lay.depths, lay.gather, inp.slots, inp.start,
                                 verify.packed)  # type: ignore[attr-defined]  # fmt: skip
         else:
-            c = self.feed(tree.beams, tree.node_depths(), inp, verify)  # [B] the root's position
+            c = self.feed(tree.beams, lay.depths, inp, verify, lay.gather)  # [B] root positions
         logits, hidden, captured = self.graphs.forward(verify)
-        accepted, path, tokens = self._accept(tree.beams, logits, tree.parents())  # path [B, 1 + k]
+        # path [B, 1 + D]
+        accepted, path, tokens = self._accept(tree.beams, logits, lay.parents, lay.offsets)
         if sampling is not None:
             greedy = (accepted, path, tokens)
             assert cuts is not None
@@ -378,13 +418,18 @@ class ChainStep:
         return self.finish(inp, c, accepted, path, tokens, hidden, captured, tree.width)
 
     @staticmethod
-    def feed(beams: Tensor, depths: Tensor, inp: ChainInputs, verify: object) -> Tensor:
+    def feed(beams: Tensor, depths: Tensor, inp: ChainInputs, verify: object,
+             gather: Tensor | None = None) -> Tensor:  # fmt: skip
         """Write the verify forward's inputs (``verify``'s packed buffer, in one copy) for the
-        tree of ``beams [B, W, 1 + k]`` (node depths ``depths``) rooted at each row's ``c``;
-        returns ``c [B]``."""
+        tree of ``beams [B, W, 1 + k]`` (node depths ``depths``, node columns ``gather``: a
+        ragged tree's :class:`~.tree_batch.Layout`; None: every beam ``k`` nodes) rooted at
+        each row's ``c``; returns ``c [B]``."""
         width = beams.shape[-1]
         c = inp.start + width  # the root's position (the window holds k + 1 tokens before it)
-        tokens = TreeBatch(beams, []).tokens()  # [B, nodes]
+        if gather is None:
+            tokens = TreeBatch(beams, []).tokens()  # [B, nodes]
+        else:
+            tokens = beams.flatten(1)[:, gather].clamp(min=0)
         write = c[:, None] + torch.arange(tokens.shape[1], device=c.device)
         pos = c[:, None] + depths[None]  # rope positions: root, then each depth
         slot = inp.slots[:, None].expand_as(write)
@@ -441,12 +486,16 @@ class ChainStep:
         from mathagent.serving.engine.cuda.forward import StepInputs
 
         dev = self.drafter.device
-        inp = ChainInputs.allocate(batch, k + 1, dev)
+        lengths = self.lengths(batch, k, cuts)
+        d = max(lengths)
+        inp = ChainInputs.allocate(batch, d + 1, dev)
         inp.slots.fill_(self.graphs.scratch_slot)
-        inp.start.fill_(k + 1)
-        nodes = 1 + self.width * k
+        inp.start.fill_(d + 1)
+        nodes = 1 + sum(lengths)
         verify = StepInputs.allocate(batch, nodes, dev)
-        mask = TreeBatch(torch.zeros(1, self.width, k + 1, dtype=torch.long, device=dev), []).mask()
+        ragged = lengths if len(set(lengths)) > 1 else None
+        mask = TreeBatch(torch.zeros(1, self.width, d + 1, dtype=torch.long, device=dev), [],
+                         ragged).mask()  # fmt: skip
         if mask is not None:  # the tree's own mask, the same every step (causal for a chain)
             verify.tree.copy_(mask.to(torch.int8).expand_as(verify.tree))
         sampling = None  # zeros in the warm-up: every row greedy

@@ -18,7 +18,9 @@ of the default model's agent tokens lie outside its 4096-token draft vocabulary)
 repeated sentence badly; the lookup copies exactly those. On the default model's GSM8K agent
 transcripts the replayed walk goes from 2.51 to 3.84 tokens per step, and on the H200 the live
 acceptance from 2.66 to 3.61 (benchmarks/GPU_NOTES.md, session four, run 48), for a verify of
-``1 + 2k`` nodes instead of ``1 + k``.
+``1 + 2k`` nodes instead of ``1 + k``. A copied continuation that is right is often right for
+longer than the head's chain, and costs nothing to draft, so the lookup may bring more drafts
+than the chain (``lookup_len``, :meth:`Eagle3Proposer.lookup_depth`).
 
 One module, over the usual size, because the sink, the layer's per-slot K/V (settled, reused
 across requests that share tokens, moved with a tree's path) and the drafting paths all work on
@@ -36,8 +38,14 @@ from torch import Tensor
 
 from mathagent.serving.engine.model import rope_table
 from mathagent.serving.engine.quant import Int8Linear
+from mathagent.serving.engine.sampler import Cuts
 from mathagent.serving.engine.scheduler import common_prefix
-from mathagent.serving.engine.spec_decode.chain_step import Branches, ChainStep, windows_of
+from mathagent.serving.engine.spec_decode.chain_step import (
+    Branches,
+    ChainStep,
+    sampling_of,
+    windows_of,
+)
 from mathagent.serving.engine.spec_decode.eagle3_chain import Eagle3Chain
 from mathagent.serving.engine.spec_decode.eagle3_head import Eagle3Head, attend
 from mathagent.serving.engine.spec_decode.eagle3_loader import aux_layers
@@ -98,7 +106,23 @@ class Eagle3Proposer:
                 self.steps = ChainStep(self.chains, runner.graphs)
             else:
                 self.table = DeviceNgram(self.lookup, slots, seq, dev)
-                self.steps = ChainStep(Branches(self.chains, self.table), runner.graphs, 2)
+                branches = Branches(self.chains, self.table, depth=self.lookup_depth)
+                self.steps = ChainStep(branches, runner.graphs, 2)
+        self._lookup_len = runner.config.lookup_len
+
+    def lookup_depth(self, k: int, rows: int) -> int:
+        """Drafts of the prompt-lookup branch beside a chain of ``k`` (in a step of ``rows``
+        rows): the engine's ``lookup_len`` when set (at least ``k``), else ``k``.
+
+        A longer lookup fills a one-row verify up to the 16 rows the CUDA skinny products pad
+        it to anyway: CPU float32, 20 GSM8K agent prompts x 256, chains of 6 with lookups of 6
+        / 9: 4.05 / 4.38 tokens a step, output plain greedy (benchmarks/
+        eagle3_acceptance_cpu_lookup_len.json). It is not the default yet: the H200 runs that
+        timed it (chains of 4 and lookups of 11, 2.38x plain against 2.22x) ran a layout whose
+        K/V moves overlapped, fixed since (``tree_batch.layout``) but not run there again
+        (benchmarks/GPU_NOTES.md, runs 105-109)."""
+        del rows  # the same at every batch size, for now
+        return max(k, self._lookup_len) if self._lookup_len else k
 
     def _int8_products(self) -> None:
         """The layer's four products from int8 rows (one scale each, bf16 activations), as
@@ -159,19 +183,22 @@ class Eagle3Proposer:
         """Greedy chains of ``k`` for ``rows`` in one batched draft (one graph on CUDA)."""
         assert self.chains is not None
         beams = self.chains.draft(*self._windows(rows, k), k)  # [B, 1 + k]
-        return [self._with_lookup(row, beams[b : b + 1], k) for b, row in enumerate(rows)]
+        d = self.lookup_depth(k, len(rows))
+        return [self._with_lookup(row, beams[b : b + 1], k, d) for b, row in enumerate(rows)]
 
-    def _with_lookup(self, row: SpecRow, chain: Tensor, k: int) -> Draft:
-        """The chain ``[1, 1 + k]``, and beside it the row's prompt-lookup draft (padded with
-        -1, which nothing accepts) when there is one and the row has room for both."""
-        if self.lookup is None or row.seq.num_cached + 1 + 2 * k > self.max_seq:
+    def _with_lookup(self, row: SpecRow, chain: Tensor, k: int, d: int) -> Draft:
+        """The chain ``[1, 1 + k]``, and beside it the row's prompt-lookup draft of up to
+        ``d`` (padded with -1, which nothing accepts; the chain too, to ``d``: on this path
+        padding costs its verify rows) when there is one and the row has room for both."""
+        if self.lookup is None or row.seq.num_cached + 1 + 2 * d > self.max_seq:
             return Draft(chain)
-        found = self.lookup.propose(torch.tensor(row.seq.all_ids), k)
+        found = self.lookup.propose(torch.tensor(row.seq.all_ids), d)
         if not found:
             return Draft(chain)
-        other = chain.new_full((1, 1 + k), -1)
+        other = chain.new_full((1, 1 + d), -1)
         other[0, 0] = chain[0, 0]
         other[0, 1 : 1 + len(found)] = chain.new_tensor(found)
+        chain = F.pad(chain, (0, d - k), value=-1)
         return Draft(torch.cat([chain, other]))
 
     def fused_step(
@@ -183,25 +210,28 @@ class Eagle3Proposer:
         drafts' shapes, each row's ``[accepted, committed tokens..., -1...]`` and the target's
         hidden state [B, H] at each row's last accepted node. ``ahead``: launch the same rows'
         next step before reading this one (:meth:`ChainStep.step`)."""
-        nodes = 1 + (self.steps.width if self.steps is not None else 1) * k
+        steps = self.steps
+        if steps is None:
+            return None
+        cuts = Cuts.of_rows(sampling_of(rows))
+        d, nodes = steps.depth(len(rows), k, cuts), steps.nodes(len(rows), k, cuts)
         fits = (
-            self.steps is not None and self.steps.fits(len(rows), k) and self.beams == 1
-            and sinks == 1
-            and all(k < r.seq.num_cached <= self.max_seq - nodes for r in rows)
+            steps.fits(len(rows), k) and self.beams == 1 and sinks == 1
+            and all(d < r.seq.num_cached <= self.max_seq - nodes for r in rows)
         )  # fmt: skip
         if not fits:
             self.drop_ahead()
             return None
-        assert self.steps is not None
-        # the step launched ahead writes its nodes after up to k + 1 more committed positions
-        ahead = ahead and all(r.seq.num_cached + k + 1 + nodes <= self.max_seq for r in rows)
-        return self.steps.step_rows(rows, k, ahead, lambda row: self._before_step(row, k))
+        # the step launched ahead writes its nodes after up to d + 1 more committed positions
+        ahead = ahead and all(r.seq.num_cached + d + 1 + nodes <= self.max_seq for r in rows)
+        return steps.step_rows(rows, k, ahead, lambda row: self._before_step(row, d))
 
-    def _before_step(self, row: SpecRow, k: int) -> None:
-        """Host bookkeeping before a fused step: the layer settled, the lookup table whole."""
-        self._settled(row, k)
+    def _before_step(self, row: SpecRow, d: int) -> None:
+        """Host bookkeeping before a fused step whose window holds ``d + 1`` tokens: the layer
+        settled up to it, the lookup table whole."""
+        self._settled(row, d)
         if self.table is not None:
-            self.table.sync(row.seq, k + 1)
+            self.table.sync(row.seq, d + 1)
 
     def drop_ahead(self) -> None:
         """Forget a step launched ahead: the next step is not the one it guessed."""

@@ -1,18 +1,22 @@
 """One speculative step's drafts as device tensors: node layout, greedy acceptance, K/V moves.
 
 Every row's beams are padded to one ``[W, 1 + D]`` block (missing beams repeat beam 0, missing
-drafts are -1, which no argmax matches) and flattened to ``1 + W * D`` nodes: the root, then
-each beam's drafts. Beams are not merged into a prefix tree: merging needs the tokens on the
-host, and a shared prefix only costs verify width, which on a GPU is nearly free. So the tree
-mask, the rope depths and each node's parent depend only on ``(W, D)``: built once per shape on
-the device and shared by all rows. Acceptance is the longest beam prefix that equals the
-target's argmax (first beam on ties, so a chain behaves exactly like greedy verification).
+drafts are -1, which no argmax matches) and flattened to nodes: the root, then each beam's
+drafts, ``D`` of each, or ``lengths[w]`` of beam ``w`` when the beams are ragged (EAGLE-3's
+chain of ``k`` beside a longer prompt-lookup chain: the columns past a beam's length are
+padding that gets no node, and the longest beam's nodes come first, :func:`layout`). Beams are not merged into a prefix tree: merging needs the tokens
+on the host, and a shared prefix only costs verify width, which on a GPU is nearly free. So the
+tree mask, the rope depths and each node's parent depend only on the beams' lengths: built once
+per shape on the device and shared by all rows. Acceptance is the longest beam prefix that
+equals the target's argmax (first beam on ties, so a chain behaves exactly like greedy
+verification).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -28,6 +32,7 @@ class TreeBatch:
 
     beams: Tensor  # [B, W, 1 + D] int64, column 0 the root; -1 past a row's drafts
     depths: list[int]  # drafts per beam of each row (host values)
+    lengths: tuple[int, ...] | None = None  # drafts each beam verifies; None: D each
 
     @classmethod
     def stack(cls, drafts: list[Draft], device: torch.device) -> TreeBatch:
@@ -49,20 +54,27 @@ class TreeBatch:
 
     @property
     def nodes(self) -> int:
-        return 1 + self.width * self.depth
+        return 1 + sum(self.shape)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Drafts each beam verifies."""
+        return self.lengths or (self.depth,) * self.width
+
+    def layout(self) -> Layout:
+        return layout(self.shape, self.depth, self.beams.device)
 
     def tokens(self) -> Tensor:
         """Input tokens of the verify step [B, nodes] (padding fed as token 0)."""
-        flat = torch.cat([self.beams[:, 0, :1], self.beams[:, :, 1:].flatten(1)], 1)
-        return flat.clamp(min=0)
+        return self.beams.flatten(1)[:, self.layout().gather].clamp(min=0)
 
     def node_depths(self) -> Tensor:
         """Rope offset of each node from the row's first new position [nodes]."""
-        return _layout(self.width, self.depth, self.beams.device)[0]
+        return self.layout().depths
 
     def mask(self) -> Tensor | None:
         """[nodes, nodes] bool (node i sees node j); None for chains, which are causal."""
-        return None if self.width == 1 else _layout(self.width, self.depth, self.beams.device)[1]
+        return None if self.width == 1 else self.layout().mask
 
     def greedy_accept(self, logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Longest beam prefix equal to the target's argmax.
@@ -74,24 +86,36 @@ class TreeBatch:
         if self.depth == 0:
             pred = greedy_tokens(logits)
             return pred.new_zeros(pred.shape[0]), pred.new_zeros(pred.shape[0], 1), pred[:, :1]
-        return accept_longest(self.beams, logits, self.parents())
+        lay = self.layout()
+        return accept_longest(self.beams, logits, lay.parents, lay.offsets)
 
     def parents(self) -> Tensor:
-        """Each draft node's parent node ``[W * D]`` (the root is node 0)."""
-        return _layout(self.width, self.depth, self.beams.device)[2]
+        """Each draft column's parent node ``[W * D]`` (the root is node 0; a padding column,
+        which matches nothing, names the root)."""
+        return self.layout().parents
+
+    def offsets(self) -> Tensor:
+        """The node of each beam's first draft ``[W]``."""
+        return self.layout().offsets
 
 
-def accept_longest(beams: Tensor, logits: Tensor, parents: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def accept_longest(
+    beams: Tensor, logits: Tensor, parents: Tensor, offsets: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
     """:meth:`TreeBatch.greedy_accept` of ``beams [B, W, 1 + D]`` (``D >= 1``) with the
-    shape's ``parents``: tensors only, so a captured step compiles it into a few kernels."""
+    shape's ``parents`` and beam ``offsets`` (None: every beam ``D`` nodes): tensors only, so a
+    captured step compiles it into a few kernels."""
     b, w, d = beams.shape[0], beams.shape[1], beams.shape[2] - 1
     pred = greedy_tokens(logits)  # [B, nodes]
     match = beams[:, :, 1:] == pred[:, parents].view(b, w, d)
     per_beam = match.long().cumprod(-1).sum(-1)  # [B, W]
     accepted, best = per_beam.max(-1)
     steps = torch.arange(d + 1, device=pred.device)
-    last_node = torch.where(accepted > 0, best * d + accepted, 0)  # node 1 + best*d + acc-1
-    path = torch.minimum(1 + best[:, None] * d + steps[None] - 1, last_node[:, None])
+    if offsets is None:
+        offsets = 1 + torch.arange(w, device=pred.device) * d
+    first = offsets[best]  # [B] the node of the best beam's first draft
+    last_node = torch.where(accepted > 0, first + accepted - 1, 0)
+    path = torch.minimum(first[:, None] + steps[None] - 1, last_node[:, None])
     path[:, 0] = 0
     drafts = beams[torch.arange(b, device=pred.device), best, 1:]  # [B, D]
     last = pred.gather(1, path.gather(1, accepted[:, None]))  # [B, 1]
@@ -150,19 +174,45 @@ def _pad(beams: Tensor, width: int, depth: int) -> Tensor:
     return beams[torch.arange(width, device=beams.device).clamp(max=beams.shape[0] - 1)]
 
 
+class Layout(NamedTuple):
+    """The nodes of one tree shape, on the device."""
+
+    depths: Tensor  # [n] rope offset of each node from the root
+    mask: Tensor  # [n, n] bool: node i sees node j
+    parents: Tensor  # [W * D] the parent node of each draft column (padding: the root)
+    offsets: Tensor  # [W] the node of each beam's first draft
+    gather: Tensor  # [n] each node's column in a row's flattened [W, 1 + D] beams
+
+
 @cache
-def _layout(width: int, depth: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """Node depths [n], tree mask [n, n] and each draft node's parent [W * D] for a shape."""
-    steps = torch.arange(1, depth + 1, device=device)
-    depths = torch.cat([steps.new_zeros(1), steps.repeat(width)])
-    beam = torch.cat(
-        [steps.new_full((1,), -1), torch.arange(width, device=device).repeat_interleave(depth)]
-    )
-    same = (beam[:, None] == beam[None]) & (depths[None] <= depths[:, None])
+def layout(lengths: tuple[int, ...], depth: int, device: torch.device) -> Layout:
+    """The :class:`Layout` of beams drafting ``lengths[w]`` tokens each, padded to ``depth``.
+
+    Nodes go root first, then beam by beam, the longest beam first (ties in beam order): an
+    accepted path then moves its K/V (``move_path``, one program per position) from nodes that
+    lie at or past every position it writes, so no move overwrites what another reads. With a
+    short chain ahead of a long beam, a long accepted stretch of it would be moved onto itself.
+    """
+    order = sorted(range(len(lengths)), key=lambda w: -lengths[w])
+    beam, step, offsets = [-1], [0], [0] * len(lengths)  # the root
+    for w in order:
+        offsets[w] = len(beam)
+        beam += [w] * lengths[w]
+        step += list(range(1, lengths[w] + 1))
+    parents = [
+        0 if j == 0 or j >= n else offsets[w] + j - 1
+        for w, n in enumerate(lengths)
+        for j in range(depth)
+    ]
+    gather = [0] + [w * (depth + 1) + j for w in order for j in range(1, lengths[w] + 1)]
+    beams, depths = torch.tensor(beam, device=device), torch.tensor(step, device=device)
+    same = (beams[:, None] == beams[None]) & (depths[None] <= depths[:, None])
     mask = same | (depths[None] == 0)
-    flat = torch.arange(width * depth, device=device)
-    parents = torch.where(flat % depth == 0, 0, flat)  # node 1 + f - 1 = f is the previous one
-    return depths, mask, parents
+
+    def t(x: list[int]) -> Tensor:
+        return torch.tensor(x, dtype=torch.long, device=device)
+
+    return Layout(depths, mask, t(parents), t(offsets), t(gather))
 
 
 def move_path(cache_kv: tuple[Tensor, Tensor], slots: Tensor, base: Tensor, path: Tensor) -> None:

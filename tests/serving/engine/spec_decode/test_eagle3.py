@@ -288,22 +288,27 @@ REPEATING = (
 def test_the_lookup_branch_keeps_plain_greedy_and_lands_what_the_head_cannot(engine, heads) -> None:
     """A greedy chain verifies the prompt-lookup draft beside it (a two-beam tree): the output
     stays plain greedy, and on text that repeats the problem's rare words (outside the head's
-    draft vocabulary) each target forward keeps more tokens than with the head's chain alone."""
+    draft vocabulary) each target forward keeps more tokens than with the head's chain alone;
+    a lookup longer than the chain (``lookup_len``) keeps more again."""
     shipped = Path(heads[2].split(":", 1)[1])
     runs = {}
-    for lookup in (True, False):
-        method = SpecMethod("eagle3", f"{shipped}#lookup-{lookup}")
+    for lookup, length in ((True, 0), (True, 10), (False, 0)):
+        method = SpecMethod("eagle3", f"{shipped}#lookup-{lookup}-{length}")
         proposer = load_eagle3(shipped, engine.runner, 1)
         assert proposer.lookup is None  # 'auto' is off on a CPU
+        assert proposer.lookup_depth(3, 1) == 3  # and 'auto' does not lengthen it there
         proposer.lookup = NgramProposer() if lookup else None
+        proposer._lookup_len = length
         engine.speculator.proposers.register(method, proposer)
         params = SamplingParams(max_tokens=48, temperature=0.0, speculative=str(method))
-        runs[lookup] = engine.generate([REPEATING], params)[0]
+        runs[lookup, length] = engine.generate([REPEATING], params)[0]
         engine.runner.feature_sinks.remove(proposer.fuse)
     plain = engine.generate([REPEATING], SamplingParams(max_tokens=48, temperature=0.0))[0]
-    assert runs[True].token_ids == plain.token_ids == runs[False].token_ids
+    assert all(r.token_ids == plain.token_ids for r in runs.values())
     per_forward = {k: r.metrics.speculative["acceptance_length"] for k, r in runs.items()}
-    assert per_forward[True] > per_forward[False] + 0.5, per_forward
+    assert per_forward[True, 0] > per_forward[False, 0] + 0.5, per_forward
+    assert per_forward[True, 10] > per_forward[True, 0], per_forward
+    assert len(runs[True, 10].metrics.speculative["drafted_at"]) == 10
 
 
 def test_a_trees_accepted_features_follow_its_kv(engine, heads) -> None:
