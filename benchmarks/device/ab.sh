@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# There (the device), after calls that left .devrun/gg/g0 and g1 in /tmp/gg and the wheels in
+# There (the device), after calls that left .devrun/gg/g0, g1 and g2 in /tmp/gg and the wheels in
 # /tmp/site: the default model's EAGLE-3 runs, one JSON each under $OUT, a line each to stdout.
 # Usage: benchmarks/device/ab.sh NAME "gpu_default_model.py flags" [NAME "flags" ...]
 # e.g.   benchmarks/device/ab.sh greedy_glue_off "--chain-glue off" greedy_glue_on "--chain-glue on"
@@ -30,6 +30,7 @@ for name, m in methods.items():
     step = m.get("step_ms_by_place", {}).get("middle", {}).get("mean_ms")
     pos = [round(x, 2) for x in m.get("per_position_acceptance", [])]
     print(f"  {name:14s} {m['decode_tokens_per_s']:8.1f} tok/s {m['speedup']:.3f}x "
-          f"AL {m.get('acceptance_length', 1):.2f} step {step} ms {pos}")
+          f"AL {m.get('acceptance_length', 1):.2f} step {step} ms {pos}"
+          f"{'' if m.get('identical_to_plain_greedy') else ' diverged: %s' % m.get('divergent')}")
 P
 done

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# There (the device), after calls that left .devrun/gg/g0 and g1 in /tmp/gg and the wheels in
+# There (the device), after calls that left .devrun/gg/g0, g1 and g2 in /tmp/gg and the wheels in
 # /tmp/site: self-distil, train and measure an EAGLE-3 head for the default model in one call
 # (scripts/eagle3_device_job.py), beside the shipped head on the same held-out transcripts.
 # The head lands in $OUT/job/head and in /tmp/newhead (for ab.sh in the next call).
 # Usage: benchmarks/device/eagle3_train.sh "eagle3_device_job.py flags"
 #   DISTILL_DTYPE (default float32): the base's dtype for the transcripts, labels and features
-#   needs .devrun/gg/g2 and .devrun/prompts_on.jsonl (scripts/drafter_prompts.py) carried
+#   needs .devrun/gg/g3 and .devrun/prompts_on.jsonl (scripts/drafter_prompts.py) carried
 set -uo pipefail
 . "$(dirname "$0")/model.sh"  # $G, $R, $D, PYTHONPATH
 export MATHAGENT_MODEL=$G MATHAGENT_ENGINE__DEVICE=cuda MATHAGENT_ENGINE__DTYPE="${DISTILL_DTYPE:-float32}" \

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Here (the CPU host), before a device session: everything a default-model run on the device
 # needs that the tracked tree does not carry, under .devrun/ (ignored; `carry` it):
-#   .devrun/gg/g0 g1 g2  the default model's GGUF in three parts (one call carries 64 MiB at
-#                        most, the tree itself ~22 MB): g0 with the wheels, g1 alone, g2 last
+#   .devrun/gg/g0 .. g3  the default model's GGUF in four parts (one call carries 64 MiB at
+#                        most, the tree itself ~31 MB): g0 with the wheels, g1 and g2 alone,
+#                        g3 with the run
 #   .devrun/wheels/      the pure-Python packages the device's image lacks (pydantic, gguf, ...)
 #   .devrun/bench20.jsonl  the agent's rendered prompts for GSM8K test 1-20 (the device has no
 #                        openai package for mathagent.agent)
@@ -13,9 +14,13 @@ mkdir -p .git/info && touch .git/info/exclude
 grep -qx '/.devrun/' .git/info/exclude || echo '/.devrun/' >> .git/info/exclude
 mkdir -p .devrun/gg .devrun/wheels
 part() { dd if="$G" of=".devrun/gg/$1" bs=1M iflag=skip_bytes,count_bytes skip="$2" ${3:+count=$3} status=none; }
-part g0 0 33000000
-part g1 33000000 42000000
-part g2 75000000
+# a call carries 64 MiB with the tree (~31 MB since three heads are tracked): the wheels and
+# g0 in the first call, g1 and g2 alone, g3 with the run itself
+rm -f .devrun/gg/g*
+part g0 0 24000000
+part g1 24000000 35000000
+part g2 59000000 35000000
+part g3 94000000
 [ "$(cat .devrun/gg/g* | md5sum | cut -c1-32)" = "$(md5sum < "$G" | cut -c1-32)" ]
 # the versions this checkout's .venv runs, for CPython 3.12 on x86-64 (the device's python3)
 pkgs="pydantic pydantic_core pydantic-settings annotated-types typing-inspection python-dotenv
