@@ -52,7 +52,8 @@ def sampling_of(rows: list[SpecRow]) -> list[RowSampling]:
 @dataclass
 class ChainInputs:
     """One draft's inputs: per row its slot, window start ``c - T`` and window tokens (the
-    last ``T = k + 1`` committed tokens, ending with the root at ``c``)."""
+    last ``T = D + 1`` committed tokens, ending with the root at ``c``; ``D`` the step's longest
+    branch, :meth:`ChainStep.depth`)."""
 
     packed: Tensor  # [B * (2 + T)] int64: slots, starts, then the windows row by row
     slots: Tensor  # [B]
@@ -91,7 +92,7 @@ class ChainDrafter(Protocol):
         ...
 
     def verified(self, inp: ChainInputs, pos: Tensor, captured: Tensor | None) -> None:
-        """After the verify forward: ``pos [B, 1 + k]`` are the positions the step can commit
+        """After the verify forward: ``pos [B, 1 + D]`` are the positions the step can commit
         (root first) and ``captured`` the kept streams of the nodes on the accepted path there."""
         ...
 
@@ -171,7 +172,7 @@ class _Launch:
     it ran on once the host knows them."""
 
     key: GraphKey
-    host: Tensor  # [bucket, 2 + k] pinned copy of the outcome
+    host: Tensor  # [bucket, 2 + D] pinned copy of the outcome
     last: Tensor  # [rows, H] the hidden state at each row's last accepted node
     done: torch.cuda.Event
     expect: tuple | None = None  # (slots, starts, windows)
@@ -184,7 +185,7 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     inp: ChainInputs
     verify: object  # the verify forward's StepInputs: read and written on every replay
-    outcome: Tensor  # [bucket, 2 + k]
+    outcome: Tensor  # [bucket, 2 + D] (D: the longest branch)
     last: Tensor  # [bucket, H]
     staging: Tensor  # pinned host copy of ``inp.packed``
     pinned: list[Tensor]  # two pinned outcome buffers, used in turn
@@ -276,7 +277,7 @@ class ChainStep:
         ``starts``: per row ``[accepted, committed tokens..., -1...]`` on the host and the
         target's hidden state ``[B, H]`` at the last accepted node. The outcome is the step's
         one host sync; with ``ahead`` the same rows' next step is launched before it (each row
-        must have room for ``2 (k + 1)`` more positions). ``sampling``: per row its warp and
+        must have room for ``2 (D + 1)`` more positions). ``sampling``: per row its warp and
         generator, None for a greedy row."""
         rows = len(slots)
         cuts = Cuts.of_rows(sampling)
@@ -390,7 +391,7 @@ class ChainStep:
         at ``c``; ``verify``: the step's StepInputs), accept (greedily, or by speculative
         sampling for the rows ``sampling`` gives a temperature), move the accepted path's K/V
         into place, let the drafter see the committed nodes, and advance ``inp``;
-        ``(outcome [B, 2 + k], last hidden [B, H])``."""
+        ``(outcome [B, 2 + D], last hidden [B, H])``."""
         q = None
         if sampling is not None and self.samples:
             assert cuts is not None
@@ -425,7 +426,7 @@ class ChainStep:
         ragged tree's :class:`~.tree_batch.Layout`; None: every beam ``k`` nodes) rooted at
         each row's ``c``; returns ``c [B]``."""
         width = beams.shape[-1]
-        c = inp.start + width  # the root's position (the window holds k + 1 tokens before it)
+        c = inp.start + width  # the root's position (the window's tokens end there)
         if gather is None:
             tokens = TreeBatch(beams, []).tokens()  # [B, nodes]
         else:
@@ -442,7 +443,7 @@ class ChainStep:
         hidden: Tensor, captured: Tensor | None, width: int,
     ) -> tuple[Tensor, Tensor]:  # fmt: skip
         """After acceptance: move a tree's accepted path into place, let the drafter see the
-        committed nodes, and advance ``inp``; ``(outcome [B, 2 + k], last hidden [B, H])``."""
+        committed nodes, and advance ``inp``; ``(outcome [B, 2 + D], last hidden [B, H])``."""
         glue = self._glue
         if width > 1:
             forward = self.graphs.forward

@@ -1,7 +1,8 @@
 """Greedy EAGLE-3 chains for a whole batch in one pass over static shapes.
 
-Each row settles again the window of its last ``T = k + 1`` committed positions (features at
-``c-T .. c-1`` paired with tokens ``c-T+1 .. c``; re-running a settled position writes the K/V
+Each row settles again the window of its last ``T = k + 1`` committed positions (more when a
+longer lookup branch is verified beside the chain: the step's longest branch plus one; features
+at ``c-T .. c-1`` paired with tokens ``c-T+1 .. c``; re-running a settled position writes the K/V
 it already holds), which covers everything a verify step can have committed, then drafts ``k``
 tokens with ``k - 1`` one-token steps of the head's layer. The shapes depend only on the batch
 bucket and ``k``, so on CUDA the whole draft is one captured graph: drafting row by row launched
