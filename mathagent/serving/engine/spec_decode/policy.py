@@ -127,16 +127,21 @@ class DraftPolicy:
         self.lengths = sorted({0, max_len, *lengths})  # the draft lengths it chooses among
         self._shapes: dict[tuple[int, int], _Shape] = {}
         self._rows = 0.0  # decayed count of rows that asked for drafts
-        self._accepted = [0.0] * max_len  # decayed count of rows with position i accepted
+        # decayed count of rows with position i accepted; past max_len when a drafter's second
+        # branch (EAGLE-3's longer lookup) lands more than the chain's drafts
+        self._accepted = [0.0] * max_len
         self._probes: dict[int, _Probes] = {}
         self._catch_up: dict[int, float] = {}  # bucket -> seconds of a first step after plain
         self._sure = False  # drafted rows once reached _SURE_ROWS (a verdict rested on them)
 
     def expected_tokens(self, k: int) -> float:
-        """Tokens a row commits per step with ``k`` drafts (1 + accepted drafts)."""
+        """Tokens a row commits per step with ``k`` drafts (1 + accepted drafts; at the full
+        length every accepted position counts, those past it too: a ragged tree's longer
+        branch lands them)."""
         if self._rows == 0:
             return 1.0 + k  # nothing measured yet: optimistic, so speculation gets tried
-        return 1.0 + sum(self._accepted[:k]) / self._rows
+        counted = self._accepted if k >= self.max_len else self._accepted[:k]
+        return 1.0 + sum(counted) / self._rows
 
     def choose(self, batch: int) -> int:
         """The draft length of the next step of ``batch`` rows (0 = plain decode)."""
@@ -352,7 +357,8 @@ class DraftPolicy:
         """Count one speculative step: ``asked`` rows wanted drafts, each ``accepted`` so many."""
         self._rows = _DECAY * self._rows + asked
         self._sure = self._sure or self._rows >= _SURE_ROWS
-        for i in range(self.max_len):
+        self._accepted += [0.0] * (max(accepted, default=0) - len(self._accepted))
+        for i in range(len(self._accepted)):
             hits = sum(1 for a in accepted if a > i)
             self._accepted[i] = _DECAY * self._accepted[i] + hits
 

@@ -207,6 +207,19 @@ def test_speculation_must_win_by_the_margin(accepted: int, speculates: bool) -> 
     assert [tie.choose(32) for _ in range(20)].count(4) == 0
 
 
+def test_drafts_accepted_past_the_draft_length_count_in_its_estimate() -> None:
+    """EAGLE-3's lookup branch may be longer than the chain: a step of 4 drafts that lands 9
+    commits 10 tokens, and the estimate of the full length must say so (counted up to 4, the
+    policy saw at most 5 and could choose plain where speculation wins)."""
+    policy = measured(1.0, 2.4, accepted=9)
+    assert policy.expected_tokens(4) == pytest.approx(10.0, rel=1e-6)
+    assert policy.expected_tokens(2) == pytest.approx(3.0, rel=1e-6)  # a shorter chain: its own
+    half = DraftPolicy(4)
+    for _ in range(50):
+        half.accepted(2, [9, 1])
+    assert half.expected_tokens(4) == pytest.approx(1.0 + (9 + 1) / 2, rel=1e-6)
+
+
 def test_plain_next_predicts_choose_without_changing_it() -> None:
     policy = measured(1.0, 3.0, accepted=0)
     for _ in range(500):
