@@ -55,7 +55,6 @@ def main() -> None:
         help="drafts of the lookup branch (at least the chain's; auto: the chain's on a CPU)",
     )
     args = parser.parse_args()
-    lookup_len = args.lookup_len if args.lookup_len == "auto" else int(args.lookup_len)
     torch.set_num_threads(1)
     model_dir, out = Settings().model_dir, {}
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
@@ -65,7 +64,7 @@ def main() -> None:
                                   draft_beams=beams, draft_len=length, threads=1,
                                   adaptive_draft=False, dtype=args.dtype,
                                   lookup_branch=args.lookup_branch,
-                                  lookup_len=lookup_len)  # fmt: skip
+                                  lookup_len=args.lookup_len)  # fmt: skip
         engine = LLMEngine(EngineConfig.from_settings(settings, resolve_model(None, model_dir)),
                            model_dir)  # fmt: skip
         prompts = agent_prompts(engine, args.offset + args.limit)[args.offset :]

@@ -125,7 +125,7 @@ def make_engine(args: argparse.Namespace, model_dir: Path, graphs: bool = True) 
         draft_len=args.default_draft_len,
         eager=not (graphs and args.default_device.startswith("cuda")),
         lookup_branch=not getattr(args, "no_lookup_branch", False),
-        lookup_len=_lookup_len(getattr(args, "lookup_len", "auto")),
+        lookup_len=getattr(args, "lookup_len", "auto"),  # "auto" or a number: the setting parses it
         **({"draft_beams": beams} if beams else {}),
     )  # fmt: skip
     return LLMEngine(EngineConfig.from_settings(settings, model=args.default_model), model_dir)
@@ -137,10 +137,6 @@ def _first_difference(a: list[int], b: list[int]) -> int:
     return next(
         (j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
     )
-
-
-def _lookup_len(value: str) -> int | str:
-    return value if value == "auto" else int(value)
 
 
 # option -> the module setting it sets ("a+b.NAME": in both modules); "on" / "off" as booleans

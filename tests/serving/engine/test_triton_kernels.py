@@ -297,7 +297,7 @@ def test_the_step_glue_kernels_equal_the_pytorch_glue(dev) -> None:
                 beams[:, w, 1 + n :] = -1  # a shorter beam's padding
             tree = TreeBatch(beams.to(dev), [], lengths if len(set(lengths)) > 1 else None)
             want, got = (StepInputs.allocate(bucket, tree.nodes, dev) for _ in range(2))
-            c = ChainStep.feed(tree.beams, tree.node_depths(), inp, want, tree.layout().gather)
+            c = ChainStep.feed(tree, inp, want)
             c2 = chain_glue.feed(tree.beams, tree.node_depths(), tree.layout().gather,
                                  inp.slots, inp.start, got.packed)  # fmt: skip
             assert torch.equal(c, c2) and torch.equal(want.packed, got.packed)

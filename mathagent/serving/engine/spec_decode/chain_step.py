@@ -102,20 +102,20 @@ class Branches:
     verify scores every chain and greedy acceptance keeps the longest (the first on ties).
     Sampled rows accept on the first part's chain, which that part samples if it can.
 
-    ``depth(k, rows)``: how many drafts the parts after the first bring beside the first's
-    ``k`` in a greedy step of ``rows`` rows (at least ``k``; the first's chain is padded to it
-    and its padding gets no verify node): a copied continuation is cheap to draft and, when
-    right, often right for longer than the head's chain (:meth:`lengths`)."""
+    ``depth(k)``: how many drafts the parts after the first bring beside the first's ``k`` in
+    a greedy step (at least ``k``; the first's chain is padded to it and its padding gets no
+    verify node): a copied continuation is cheap to draft and, when right, often right for
+    longer than the head's chain (:meth:`lengths`)."""
 
-    def __init__(self, *parts: ChainDrafter, depth: Callable[[int, int], int] | None = None):
+    def __init__(self, *parts: ChainDrafter, depth: Callable[[int], int] | None = None):
         self.parts = parts
         self.device = parts[0].device
         self.samples = samples_drafts(parts[0])
         self._depth = depth
 
-    def lengths(self, k: int, rows: int) -> tuple[int, ...]:
-        """Drafts each part verifies in a greedy step of ``rows`` rows drafting ``k``."""
-        d = k if self._depth is None else max(k, self._depth(k, rows))
+    def lengths(self, k: int) -> tuple[int, ...]:
+        """Drafts each part verifies in a greedy step drafting ``k``."""
+        d = k if self._depth is None else max(k, self._depth(k))
         return (k, *(d,) * (len(self.parts) - 1))
 
     def run(self, inp: ChainInputs, k: int) -> Tensor:
@@ -228,25 +228,25 @@ class ChainStep:
 
             self._glue = chain_glue if chain_glue.usable(drafter.device) else None
 
-    def lengths(self, rows: int, k: int, cuts: Cuts | None = None) -> tuple[int, ...]:
-        """Drafts each chain of a step of ``rows`` rows drafting ``k`` verifies: ``k`` each,
-        or for an all-greedy step (``cuts`` None) what a ragged drafter asks (the lookup
-        beside EAGLE-3's chain). The step's window is the longest plus its root."""
+    def lengths(self, k: int, cuts: Cuts | None = None) -> tuple[int, ...]:
+        """Drafts each chain of a step drafting ``k`` verifies: ``k`` each, or for an
+        all-greedy step (``cuts`` None) what a ragged drafter asks (the lookup beside EAGLE-3's
+        chain). The step's window is the longest plus its root."""
         if cuts is None and self._lengths is not None:
-            return tuple(self._lengths(k, self.graphs.bucket(rows)))
+            return tuple(self._lengths(k))
         return (k,) * self.width
 
-    def depth(self, rows: int, k: int, cuts: Cuts | None = None) -> int:
+    def depth(self, k: int, cuts: Cuts | None = None) -> int:
         """The most drafts a chain of the step verifies (its window is this plus the root)."""
-        return max(self.lengths(rows, k, cuts))
+        return max(self.lengths(k, cuts))
 
-    def nodes(self, rows: int, k: int, cuts: Cuts | None = None) -> int:
+    def nodes(self, k: int, cuts: Cuts | None = None) -> int:
         """The verify nodes of each row of the step."""
-        return 1 + sum(self.lengths(rows, k, cuts))
+        return 1 + sum(self.lengths(k, cuts))
 
     def fits(self, rows: int, k: int) -> bool:
         """Whether :meth:`step` takes ``rows`` rows drafting ``k`` (a captured verify shape)."""
-        nodes = self.nodes(rows, k)  # the step's own verify shape
+        nodes = self.nodes(k)  # the step's own verify shape
         if not self.graphs.accepts(1, nodes) and k not in self._too_wide:
             self._too_wide.add(k)  # the host path runs every such step: say so once
             log.warning(
@@ -314,7 +314,7 @@ class ChainStep:
         for row in rows if before is not None else ():
             before(row)
         sampling = sampling_of(rows)
-        d = self.depth(len(rows), k, Cuts.of_rows(sampling))
+        d = self.depth(k, Cuts.of_rows(sampling))
         slots, starts, windows = windows_of(rows, d)
         host, last = self.step(slots, starts, windows, k, ahead, sampling)
         drafts = [Draft(torch.tensor([w[-1:] + [0] * d])) for w in windows]  # shapes only
@@ -400,7 +400,7 @@ class ChainStep:
             beams, q = run_sampled(inp, k, warp, sampling[:, SAMPLING_COLUMNS + k + 1 :])
         else:
             beams = self.drafter.run(inp, k)
-        lengths = self.lengths(inp.slots.shape[0], k, cuts)
+        lengths = self.lengths(k, cuts)
         ragged = lengths if len(set(lengths)) > 1 else None
         tree = TreeBatch(beams if beams.dim() == 3 else beams[:, None], [], ragged)
         lay = tree.layout()
@@ -408,7 +408,7 @@ class ChainStep:
             c = self._glue.feed(tree.beams, lay.depths, lay.gather, inp.slots, inp.start,
                                 verify.packed)  # type: ignore[attr-defined]  # fmt: skip
         else:
-            c = self.feed(tree.beams, lay.depths, inp, verify, lay.gather)  # [B] root positions
+            c = self.feed(tree, inp, verify)  # [B] the roots' positions
         logits, hidden, captured = self.graphs.forward(verify)
         # path [B, 1 + D]
         accepted, path, tokens = self._accept(tree.beams, logits, lay.parents, lay.offsets)
@@ -419,18 +419,11 @@ class ChainStep:
         return self.finish(inp, c, accepted, path, tokens, hidden, captured, tree.width)
 
     @staticmethod
-    def feed(beams: Tensor, depths: Tensor, inp: ChainInputs, verify: object,
-             gather: Tensor | None = None) -> Tensor:  # fmt: skip
-        """Write the verify forward's inputs (``verify``'s packed buffer, in one copy) for the
-        tree of ``beams [B, W, 1 + k]`` (node depths ``depths``, node columns ``gather``: a
-        ragged tree's :class:`~.tree_batch.Layout`; None: every beam ``k`` nodes) rooted at
-        each row's ``c``; returns ``c [B]``."""
-        width = beams.shape[-1]
-        c = inp.start + width  # the root's position (the window's tokens end there)
-        if gather is None:
-            tokens = TreeBatch(beams, []).tokens()  # [B, nodes]
-        else:
-            tokens = beams.flatten(1)[:, gather].clamp(min=0)
+    def feed(tree: TreeBatch, inp: ChainInputs, verify: object) -> Tensor:
+        """Write the verify forward's inputs (``verify``'s packed buffer, in one copy) for
+        ``tree`` (beams ``[B, W, 1 + D]``) rooted at each row's ``c``; returns ``c [B]``."""
+        c = inp.start + tree.beams.shape[-1]  # the root's position (the window ends there)
+        tokens, depths = tree.tokens(), tree.node_depths()  # [B, nodes], [nodes]
         write = c[:, None] + torch.arange(tokens.shape[1], device=c.device)
         pos = c[:, None] + depths[None]  # rope positions: root, then each depth
         slot = inp.slots[:, None].expand_as(write)
@@ -487,7 +480,7 @@ class ChainStep:
         from mathagent.serving.engine.cuda.forward import StepInputs
 
         dev = self.drafter.device
-        lengths = self.lengths(batch, k, cuts)
+        lengths = self.lengths(k, cuts)
         d = max(lengths)
         inp = ChainInputs.allocate(batch, d + 1, dev)
         inp.slots.fill_(self.graphs.scratch_slot)

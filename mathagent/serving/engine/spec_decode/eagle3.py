@@ -110,9 +110,9 @@ class Eagle3Proposer:
                 self.steps = ChainStep(branches, runner.graphs, 2)
         self._lookup_len = runner.config.lookup_len
 
-    def lookup_depth(self, k: int, rows: int) -> int:
-        """Drafts of the prompt-lookup branch beside a chain of ``k`` (in a step of ``rows``
-        rows): the engine's ``lookup_len`` when set (at least ``k``), else ``k``.
+    def lookup_depth(self, k: int) -> int:
+        """Drafts of the prompt-lookup branch beside a chain of ``k``: the engine's
+        ``lookup_len`` when set (at least ``k``), else ``k``.
 
         A longer lookup fills a one-row verify up to the 16 rows the CUDA skinny products pad
         it to anyway: CPU float32, 20 GSM8K agent prompts x 256, chains of 6 with lookups of 6
@@ -121,7 +121,6 @@ class Eagle3Proposer:
         timed it (chains of 4 and lookups of 11, 2.38x plain against 2.22x) ran a layout whose
         K/V moves overlapped, fixed since (``tree_batch.layout``) but not run there again
         (benchmarks/GPU_NOTES.md, runs 105-109)."""
-        del rows  # the same at every batch size, for now
         return max(k, self._lookup_len) if self._lookup_len else k
 
     def _int8_products(self) -> None:
@@ -183,7 +182,7 @@ class Eagle3Proposer:
         """Greedy chains of ``k`` for ``rows`` in one batched draft (one graph on CUDA)."""
         assert self.chains is not None
         beams = self.chains.draft(*self._windows(rows, k), k)  # [B, 1 + k]
-        d = self.lookup_depth(k, len(rows))
+        d = self.lookup_depth(k)
         return [self._with_lookup(row, beams[b : b + 1], k, d) for b, row in enumerate(rows)]
 
     def _with_lookup(self, row: SpecRow, chain: Tensor, k: int, d: int) -> Draft:
@@ -214,7 +213,7 @@ class Eagle3Proposer:
         if steps is None:
             return None
         cuts = Cuts.of_rows(sampling_of(rows))
-        d, nodes = steps.depth(len(rows), k, cuts), steps.nodes(len(rows), k, cuts)
+        d, nodes = steps.depth(k, cuts), steps.nodes(k, cuts)
         fits = (
             steps.fits(len(rows), k) and self.beams == 1 and sinks == 1
             and all(d < r.seq.num_cached <= self.max_seq - nodes for r in rows)

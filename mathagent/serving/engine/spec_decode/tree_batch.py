@@ -4,12 +4,12 @@ Every row's beams are padded to one ``[W, 1 + D]`` block (missing beams repeat b
 drafts are -1, which no argmax matches) and flattened to nodes: the root, then each beam's
 drafts, ``D`` of each, or ``lengths[w]`` of beam ``w`` when the beams are ragged (EAGLE-3's
 chain of ``k`` beside a longer prompt-lookup chain: the columns past a beam's length are
-padding that gets no node, and the longest beam's nodes come first, :func:`layout`). Beams are not merged into a prefix tree: merging needs the tokens
-on the host, and a shared prefix only costs verify width, which on a GPU is nearly free. So the
-tree mask, the rope depths and each node's parent depend only on the beams' lengths: built once
-per shape on the device and shared by all rows. Acceptance is the longest beam prefix that
-equals the target's argmax (first beam on ties, so a chain behaves exactly like greedy
-verification).
+padding that gets no node, and the longest beam's nodes come first, :func:`layout`). Beams
+are not merged into a prefix tree: merging needs the tokens on the host, and a shared prefix
+only costs verify width, which on a GPU is nearly free. So the tree mask, the rope depths and
+each node's parent depend only on the beams' lengths: built once per shape on the device and
+shared by all rows. Acceptance is the longest beam prefix that equals the target's argmax
+(first beam on ties, so a chain behaves exactly like greedy verification).
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def _glue_case():
     beams = torch.randint(0, 50, (bucket, width, k + 1), generator=gen)
     tree = TreeBatch(beams, [])
     verify = StepInputs.allocate(bucket, tree.nodes, torch.device("cpu"))
-    c = step.feed(tree.beams, tree.node_depths(), inp, verify)
+    c = step.feed(tree, inp, verify)
     nodes = tree.nodes
     hidden_states = torch.randn(bucket, nodes, hidden, generator=gen)
     captured = torch.randn(bucket, nodes, 3, generator=gen)

@@ -296,7 +296,7 @@ def test_the_lookup_branch_keeps_plain_greedy_and_lands_what_the_head_cannot(eng
         method = SpecMethod("eagle3", f"{shipped}#lookup-{lookup}-{length}")
         proposer = load_eagle3(shipped, engine.runner, 1)
         assert proposer.lookup is None  # 'auto' is off on a CPU
-        assert proposer.lookup_depth(3, 1) == 3  # and 'auto' does not lengthen it there
+        assert proposer.lookup_depth(3) == 3  # and 'auto' does not lengthen it there
         proposer.lookup = NgramProposer() if lookup else None
         proposer._lookup_len = length
         engine.speculator.proposers.register(method, proposer)
