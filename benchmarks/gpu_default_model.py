@@ -304,6 +304,8 @@ def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], time
            "beams": engine.config.draft_beams, "batch": getattr(args, "default_batch", 1),
            "lookup_branch": engine.config.lookup_branch,
            "lookup_len": getattr(args, "lookup_len", "auto"),
+           "eagle3": str(args.eagle3) if getattr(args, "eagle3", None) else None,
+           "prompts": str(args.prompts) if getattr(args, "prompts", None) else None,
            "temperature": getattr(args, "default_temperature", 0.0),
            "top_p": getattr(args, "default_top_p", 1.0),
            "methods": {}}  # fmt: skip
