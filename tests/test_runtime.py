@@ -36,12 +36,12 @@ def test_default_model_on_a_cpu_speculates_with_its_shipped_drafter(clean_env):
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:1"])
 def test_default_model_on_cuda_speculates_with_its_shipped_eagle3_head(device):
-    # H200, bf16, batch 1: 1.55x plain with the policy, 1.82x fixed (GPU_NOTES run 29); the shipped
-    # ReDrafter ran at 0.20x there (run 15)
+    # H200, bf16, batch 1: 2.60x plain, chains of 4 beside lookups of 11 (GPU_NOTES run 110); the
+    # shipped ReDrafter ran at 0.20x there (run 15)
     engine = engine_settings_for(EngineSettings(device=device), 1)
     assert (engine.speculative, engine.quantization) == (f"eagle3:{SHIPPED_EAGLE3}", "none")
     cuda = torch.device("cuda")
-    assert default_draft(engine, cuda, "eagle3") == (6, 1)  # chains: the one-graph step
+    assert default_draft(engine, cuda, "eagle3") == (4, 1)  # chains: the one-graph step
     assert (SHIPPED_EAGLE3 / "config.json").is_file()
     assert (SHIPPED_EAGLE3 / "model.safetensors").is_file()
     mine = engine_settings_for(EngineSettings(device=device, draft_len=3, draft_beams=2), 1)
@@ -54,8 +54,7 @@ def test_default_model_on_cuda_speculates_with_its_shipped_eagle3_head(device):
 def test_eagle3_on_cuda_drafts_chains_measured_fastest_unless_chosen(monkeypatch):
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     head = EngineSettings(speculative="eagle3:/heads/llama-3.1-8b")
-    assert default_draft(head, cuda, "eagle3") == (6, 1)  # bf16, with the lookup branch
-    assert default_draft(head, cuda, "eagle3", torch.float32) == (4, 1)
+    assert default_draft(head, cuda, "eagle3") == (4, 1)  # with the lookup branch, any dtype
     alone = EngineSettings(speculative="eagle3:/h", lookup_branch=False)
     assert default_draft(alone, cuda, "eagle3") == (5, 1)
     assert default_draft(head, cpu, "eagle3") == (3, 4)  # the CPU keeps the settings' default

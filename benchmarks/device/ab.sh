@@ -3,7 +3,7 @@
 # /tmp/site: the default model's EAGLE-3 runs, one JSON each under $OUT, a line each to stdout.
 # Usage: benchmarks/device/ab.sh NAME "gpu_default_model.py flags" [NAME "flags" ...]
 # e.g.   benchmarks/device/ab.sh greedy_glue_off "--chain-glue off" greedy_glue_on "--chain-glue on"
-# Each run: 20 agent prompts x 256 tokens, bf16, chains of 6, plain / EAGLE-3 fixed / auto;
+# Each run: 20 agent prompts x 256 tokens, bf16, chains of 4 (the default), plain / EAGLE-3 fixed / auto;
 # AB_TIMEOUT (default 170 s) bounds each one.
 set -uo pipefail
 . "$(dirname "$0")/model.sh"  # $G, $R, $D, PYTHONPATH
@@ -14,7 +14,7 @@ while [ $# -gt 1 ]; do
   (cd benchmarks && timeout "${AB_TIMEOUT:-170}" python3 gpu_default_model.py --default-model $G \
     --drafter $D/SmolLM2-135M-Instruct --eagle3 $D/SmolLM2-135M-Instruct-eagle3 \
     --prompts $R/.devrun/bench20.jsonl --default-limit 20 --default-max-tokens 256 \
-    --default-methods= --default-beams 1 --default-dtype bfloat16 --default-draft-len 6 \
+    --default-methods= --default-beams 1 --default-dtype bfloat16 --default-draft-len 4 \
     --model-dir /tmp/mc/conv $flags > "$OUT/$name.json" 2> "$OUT/$name.err")
   rc=$?
   echo "$name rc=$rc $(($(date +%s) - start)) s"

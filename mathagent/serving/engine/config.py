@@ -52,7 +52,7 @@ class EngineConfig:
             method = embedded_method(settings.speculative)
         except SpecMethodError as exc:
             raise EngineConfigError(str(exc)) from exc
-        draft_len, draft_beams = default_draft(settings, device, method.kind, dtype)
+        draft_len, draft_beams = default_draft(settings, device, method.kind)
         return cls(
             model=model,
             device=device,
@@ -99,22 +99,19 @@ def resolve_lookup_branch(lookup: bool | str, device: torch.device) -> bool:
     return bool(lookup)
 
 
-def default_draft(
-    settings: EngineSettings, device: torch.device, kind: str, dtype: torch.dtype = torch.bfloat16
-) -> tuple[int, int]:
+def default_draft(settings: EngineSettings, device: torch.device, kind: str) -> tuple[int, int]:
     """Draft length and beams, the user's where chosen. EAGLE-3 on CUDA defaults to greedy
     chains with one beam: the shape whose whole step (draft, verify, accept) runs as one CUDA
-    graph launched ahead. With the prompt-lookup branch beside each chain, the default model on
-    the H200 (20 GSM8K agent prompts x 256 tokens, fixed length; benchmarks/GPU_NOTES.md runs
-    48-50) ran chains of 6 fastest in bfloat16 (1.958x plain; 5: 1.916x, 7: 1.888x), and in
-    float32 chains of 4 (1.565x; 6: 1.521x); without the branch, chains of 5 (1.82x, run 29).
-    With the step's lookup and acceptance compiled since: 2.179x (bf16, 6) and 1.691x (float32,
-    4), run 53. A tree of beams drafts and verifies on the host path."""
+    graph launched ahead. With the prompt-lookup branch beside each chain, filling the verify
+    to 16 rows (``Eagle3Proposer.lookup_depth``), chains of 4 ran fastest on the H200 in both
+    dtypes (the default model, bf16, 64 GSM8K agent prompts x 256: 2.600x plain against 2.409x
+    for chains of 6 beside lookups of 6; float32 earlier: 4 against 6, 1.565x / 1.521x;
+    benchmarks/GPU_NOTES.md runs 50, 110); without the branch, chains of 5 (1.82x, run 29). A
+    tree of beams drafts and verifies on the host path."""
     chosen = settings.model_fields_set
     chains = kind == "eagle3" and device.type == "cuda"
     lookup = resolve_lookup_branch(settings.lookup_branch, device)
-    chain_len = 5 if not lookup else 4 if dtype == torch.float32 else 6
-    length = chain_len if chains and "draft_len" not in chosen else settings.draft_len
+    length = (4 if lookup else 5) if chains and "draft_len" not in chosen else settings.draft_len
     beams = settings.draft_beams or (1 if chains else default_beams(device, settings.quantization))
     return length, beams
 

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from mathagent.serving.engine.cuda.skinny import MAX_ROWS
 from mathagent.serving.engine.model import rope_table
 from mathagent.serving.engine.quant import Int8Linear
 from mathagent.serving.engine.sampler import Cuts
@@ -109,19 +110,22 @@ class Eagle3Proposer:
                 branches = Branches(self.chains, self.table, depth=self.lookup_depth)
                 self.steps = ChainStep(branches, runner.graphs, 2)
         self._lookup_len = runner.config.lookup_len
+        self._fill_rows = MAX_ROWS if dev.type == "cuda" else 0
 
     def lookup_depth(self, k: int) -> int:
         """Drafts of the prompt-lookup branch beside a chain of ``k``: the engine's
-        ``lookup_len`` when set (at least ``k``), else ``k``.
+        ``lookup_len`` when set (at least ``k``); else on CUDA as many as fill a row's verify to
+        the 16 rows its skinny products compute anyway (``1 + k + d = 16``), elsewhere ``k``.
 
-        A longer lookup fills a one-row verify up to the 16 rows the CUDA skinny products pad
-        it to anyway: CPU float32, 20 GSM8K agent prompts x 256, chains of 6 with lookups of 6
-        / 9: 4.05 / 4.38 tokens a step, output plain greedy (benchmarks/
-        eagle3_acceptance_cpu_lookup_len.json). It is not the default yet: the H200 runs that
-        timed it (chains of 4 and lookups of 11, 2.38x plain against 2.22x) ran a layout whose
-        K/V moves overlapped, fixed since (``tree_batch.layout``) but not run there again
-        (benchmarks/GPU_NOTES.md, runs 105-109)."""
-        return max(k, self._lookup_len) if self._lookup_len else k
+        A copied continuation that is right is often right past the chain's end: CPU float32,
+        20 GSM8K agent prompts x 256, chains of 6 with lookups of 6 / 9: 4.05 / 4.38 tokens a
+        step, output plain greedy (benchmarks/eagle3_acceptance_cpu_lookup_len.json). H200,
+        bf16, the default model, 64 GSM8K agent prompts x 256: chains of 4 with lookups of 11
+        2.600x plain, chains of 6 with 6 2.409x; in float32 on 32 of them every output plain
+        greedy (benchmarks/GPU_NOTES.md, runs 110-111)."""
+        if self._lookup_len:
+            return max(k, self._lookup_len)
+        return max(k, self._fill_rows - 1 - k)
 
     def _int8_products(self) -> None:
         """The layer's four products from int8 rows (one scale each, bf16 activations), as

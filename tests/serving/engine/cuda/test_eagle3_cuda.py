@@ -28,8 +28,8 @@ METHOD = "eagle3:/random-head"
 
 def _engine(model, eager: bool, lookup_len: int = 0):
     """An engine over ``model`` with a random EAGLE-3 head scoring with the target's rows
-    (``lookup_len``: the engine's, 0 the chain's; 11 beside the chains of 4 fills a one-row
-    verify to 16 tokens, a ragged tree)."""
+    (``lookup_len``: the engine's; 4, the chain's, even branches; 0, auto on CUDA, 11 beside the
+    chains of 4, filling a one-row verify to 16 tokens, a ragged tree)."""
     from mathagent.serving.engine.config import EngineConfig
     from mathagent.serving.engine.llm_engine import LLMEngine
     from mathagent.serving.engine.loader import LoadedModel
@@ -75,7 +75,7 @@ def model():
     return model
 
 
-@pytest.mark.parametrize("lookup_len", [0, 11])
+@pytest.mark.parametrize("lookup_len", [4, 0])
 def test_eagle3_on_graphs_equals_eager_and_plain(model, lookup_len) -> None:
     """On CUDA graphs a greedy chain step is one graph (draft, verify, fusion, acceptance);
     with the lookup branch as long as the chain, or longer (a ragged tree of 16 nodes)."""
@@ -89,6 +89,7 @@ def test_eagle3_on_graphs_equals_eager_and_plain(model, lookup_len) -> None:
     runs = {}
     for eager in (True, False):
         engine, proposer = _engine(model, eager, lookup_len)
+        assert proposer.lookup_depth(4) == (lookup_len or 11)  # auto: 1 + 4 + 11 = 16 rows
         reference = engine.generate([prompt], plain)[0].token_ids
         out = engine.generate([prompt], spec)[0]
         runs[eager] = (reference, out, proposer.feats[0, : len(prompt) + 23].clone(), engine)
@@ -202,7 +203,7 @@ def test_steps_launched_ahead_are_claimed_and_dropped_without_changing_output(mo
     assert proposer.steps.claimed > claimed_single
 
 
-@pytest.mark.parametrize("lookup_len", [0, 11])
+@pytest.mark.parametrize("lookup_len", [4, 0])
 def test_the_lookup_branch_on_graphs_is_one_tree_step_and_equals_eager(model, lookup_len) -> None:
     """With the prompt-lookup branch (the default) a greedy step verifies a two-beam tree in
     one graph; a head that never drafts right (all its rows zero: column 0 every time) leaves
