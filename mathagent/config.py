@@ -67,7 +67,8 @@ class EngineSettings(BaseModel):
     lookup_len: Annotated[int, Field(ge=1, le=15)] | Literal["auto"] = Field(
         "auto",
         description="drafts of that prompt-lookup chain (at least the EAGLE-3 chain's; its "
-        "extra drafts add verify rows, not draft steps); auto = the chain's length",
+        "extra drafts add verify rows, not draft steps); auto = on CUDA as many as fill a "
+        "row's verify to 16 tokens (15 - the chain's), elsewhere the chain's length",
     )
     adaptive_draft: bool = Field(
         True,
