@@ -36,7 +36,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mathagent.serving.engine.cuda.skinny import MAX_ROWS
 from mathagent.serving.engine.model import rope_table
 from mathagent.serving.engine.quant import Int8Linear
 from mathagent.serving.engine.sampler import Cuts
@@ -110,7 +109,11 @@ class Eagle3Proposer:
                 branches = Branches(self.chains, self.table, depth=self.lookup_depth)
                 self.steps = ChainStep(branches, runner.graphs, 2)
         self._lookup_len = runner.config.lookup_len
-        self._fill_rows = MAX_ROWS if dev.type == "cuda" else 0
+        self._fill_rows = 0  # verify rows a lookup of 'auto' fills a chain's tree to
+        if dev.type == "cuda":  # a CPU engine imports no CUDA module
+            from mathagent.serving.engine.cuda.skinny import MAX_ROWS
+
+            self._fill_rows = MAX_ROWS
 
     def lookup_depth(self, k: int) -> int:
         """Drafts of the prompt-lookup branch beside a chain of ``k``: the engine's
