@@ -23,7 +23,7 @@ from mathagent.agent.plan import plan_for, planned_samples
 from mathagent.agent.prompts import ChatTemplate
 from mathagent.agent.solver import Solver
 from mathagent.config import DEFAULT_MODEL_NAME, EngineSettings, Settings
-from mathagent.model_store import SHIPPED_DRAFTER, SHIPPED_EAGLE3
+from mathagent.model_store import SHIPPED_EAGLE3
 from mathagent.sandbox import Sandbox, open_sandbox
 
 if TYPE_CHECKING:
@@ -74,11 +74,13 @@ def engine_settings_for(
 def default_model_engine(engine: EngineSettings) -> EngineSettings:
     """The default model's settings where the user chose none (README "Speculation by
     default" has the measurements): on a CPU it runs as what it is, its GGUF's own Q4_1 codes
-    (int4, unless a quantization or dtype was chosen), with its shipped ReDrafter on top; on
-    CUDA (no quantization chosen) with its shipped EAGLE-3 head as greedy chains of 5, one graph
-    per step (H200, batch 1: 1.55x plain in bf16 with the policy, 1.82x fixed, GPU_NOTES run 29; the
-    shipped ReDrafter ran 0.20x there, run 15). A chosen speculative method, ``none`` included,
-    wins, and so do a chosen draft length and beam count."""
+    (int4, unless a quantization or dtype was chosen); on a CPU and on CUDA (no quantization
+    chosen) it speculates with its shipped EAGLE-3 head. CPU int4, batch 1, 16 GSM8K agent
+    prompts x 128 tokens, chains of 3: 2.05x / 2.03x plain against the shipped ReDrafter's
+    1.68x / 1.65x in two runs (benchmarks/spec_bench_cpu_int4_len3_run13_*.json); 8 and 32 rows
+    at a time 1.59x / 1.76x against 1.55x / 1.56x. H200, bf16, batch 1: chains of 4 beside a
+    lookup of 11, 2.63x plain on 64 prompts (GPU_NOTES run 110). A chosen speculative method,
+    ``none`` included, wins, and so do a chosen draft length and beam count."""
     import torch
 
     on_cpu = engine.device == "cpu" or (engine.device == "auto" and not torch.cuda.is_available())
@@ -86,10 +88,7 @@ def default_model_engine(engine: EngineSettings) -> EngineSettings:
     update: dict[str, object] = {}
     if on_cpu and not chosen & {"quantization", "dtype"}:
         update["quantization"] = "int4"
-    if on_cpu and "speculative" not in chosen:
-        update["speculative"] = f"redrafter:{SHIPPED_DRAFTER}"
-    elif "speculative" not in chosen and engine.quantization == "none":
-        # drafted as chains of 5 unless chosen otherwise (engine config's default_draft)
+    if "speculative" not in chosen and (on_cpu or engine.quantization == "none"):
         update["speculative"] = f"eagle3:{SHIPPED_EAGLE3}"
     return engine.model_copy(update=update) if update else engine
 

@@ -43,7 +43,7 @@ Speculative = Annotated[
     typer.Option(
         "--speculative",
         help=f"Embedded engine: {EMBEDDED_METHODS} (default: the default model's shipped "
-        "ReDrafter on a CPU, its shipped EAGLE-3 head on CUDA, none for other models).",
+        "EAGLE-3 head, none for other models).",
     ),
 ]
 Samples = Annotated[
