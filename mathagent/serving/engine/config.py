@@ -40,7 +40,7 @@ class EngineConfig:
     adaptive_draft: bool = True
     tokenizer: str | None = None  # a tokenizer used instead of the model's own
     lookup_branch: bool = True  # EAGLE-3 chains verify a prompt-lookup chain beside them
-    lookup_len: int = 0  # that chain's drafts (at least the chain's); 0: auto (Eagle3Proposer.lookup_depth)
+    lookup_len: int = 0  # that chain's drafts (at least the chain's); 0: auto (lookup_depth)
 
     @classmethod
     def from_settings(cls, settings: EngineSettings, model: str | None = None) -> EngineConfig:
