@@ -3,12 +3,15 @@
 The engine thread counts finished requests here (:meth:`ServerMetrics.observe`); a scrape
 builds the metric families from those totals (a collector on a registry of its own, so derived
 gauges such as acceptance length are computed when read and no global registry is involved).
+The draft-length policy's steps are read from the speculator at each scrape (a copy of its
+counts, taken under the GIL).
 """
 
 from __future__ import annotations
 
 import threading
 from bisect import bisect_left
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -27,8 +30,11 @@ _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 class ServerMetrics:
     """Counters fed by finished requests; ``render`` gives the ``/metrics`` body."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(
+        self, model_name: str, policy_steps: Callable[[], dict[tuple[int, int], int]] | None = None
+    ) -> None:
         self.model_name = model_name
+        self._policy_steps = policy_steps  # the speculator's decode steps per (bucket, draft len)
         self._lock = threading.Lock()
         self.requests = {"stop": 0, "length": 0, "abort": 0}
         self.prompt_tokens = 0
@@ -85,7 +91,20 @@ class ServerMetrics:
                 _gauge("decode_tokens_per_second", "Mean per-request decode speed.", model, self._decode_tps()),
                 _gauge("acceptance_length", "Generated tokens per target forward.", model, self._acceptance()),
                 *_spec_families(self.spec, model),
+                *self._policy_families(),
             ]  # fmt: skip
+
+    def _policy_families(self) -> list[Metric]:
+        if self._policy_steps is None:
+            return []
+        family = CounterMetricFamily(
+            "mathagent_spec_policy_steps",
+            "Decode steps of speculating requests by batch bucket and chosen draft length (0: plain).",
+            labels=["model_name", "batch_bucket", "draft_len"],
+        )
+        for (b, k), n in sorted(self._policy_steps().items()):
+            family.add_metric([self.model_name, str(b), str(k)], n)
+        return [family]
 
     def _ttft_histogram(self) -> HistogramMetricFamily:
         family = HistogramMetricFamily(

@@ -43,6 +43,14 @@ def test_request_field_selects_the_method_and_reports_acceptance(base_url, engin
     )
     assert float(drafted.split()[-1]) >= stats["drafted_tokens"]
     assert 'mathagent_spec_position_acceptance{model_name="' in metrics
+    # the policy's choices: the speculative request's steps at batch 1, drafting or plain
+    steps = {
+        line.split("{")[1].split("}")[0]: float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("mathagent_spec_policy_steps_total{")
+    }
+    assert sum(n for labels, n in steps.items() if 'batch_bucket="1"' in labels) >= stats["steps"]
+    assert any('draft_len="0"' not in labels for labels in steps)
 
 
 def test_unknown_method_is_400(base_url) -> None:
