@@ -3,8 +3,8 @@
 The engine thread counts finished requests here (:meth:`ServerMetrics.observe`); a scrape
 builds the metric families from those totals (a collector on a registry of its own, so derived
 gauges such as acceptance length are computed when read and no global registry is involved).
-The draft-length policy's steps are read from the speculator at each scrape (a copy of its
-counts, taken under the GIL).
+The draft-length policy's choices are read from it at each scrape (a copy of its counts, taken
+under the GIL).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class ServerMetrics:
         self, model_name: str, policy_steps: Callable[[], dict[tuple[int, int], int]] | None = None
     ) -> None:
         self.model_name = model_name
-        self._policy_steps = policy_steps  # the speculator's decode steps per (bucket, draft len)
+        self._policy_steps = policy_steps  # the policy's choices per (bucket, draft length)
         self._lock = threading.Lock()
         self.requests = {"stop": 0, "length": 0, "abort": 0}
         self.prompt_tokens = 0
@@ -99,7 +99,7 @@ class ServerMetrics:
             return []
         family = CounterMetricFamily(
             "mathagent_spec_policy_steps",
-            "Decode steps of speculating requests by batch bucket and chosen draft length (0: plain).",
+            "Decode steps the draft-length policy chose, by batch bucket and draft length (0: plain).",
             labels=["model_name", "batch_bucket", "draft_len"],
         )
         for (b, k), n in sorted(self._policy_steps().items()):

@@ -149,6 +149,9 @@ class DraftPolicy:
         self._probes: dict[int, _Probes] = {}
         self._catch_up: dict[int, float] = {}  # bucket -> seconds of a first step after plain
         self._sure = False  # drafted rows once reached _SURE_ROWS (a verdict rested on them)
+        # choices made per (bucket, draft length), 0 plain: what /metrics shows of the policy
+        # (a bucket gone plain reads as an acceptance length near 1 in every other figure)
+        self.choices: dict[tuple[int, int], int] = {}
 
     def expected_tokens(self, k: int) -> float:
         """Tokens a row commits per step with ``k`` drafts (1 + accepted drafts; at the full
@@ -184,6 +187,7 @@ class DraftPolicy:
             probes.retime_gap = probes.retime_gap or self._retime_gap(b)
         probes.winning = event in ("wins", "retime", "retiming")
         probes.last = event
+        self.choices[(b, k)] = self.choices.get((b, k), 0) + 1
         return k
 
     def plain_next(self, batch: int) -> bool:

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from mathagent.serving.engine.sampler import Sampler, SamplingBatch
 from mathagent.serving.engine.spec_config import SpecMethod, embedded_method
-from mathagent.serving.engine.spec_decode.policy import DraftPolicy, bucket
+from mathagent.serving.engine.spec_decode.policy import DraftPolicy
 from mathagent.serving.engine.spec_decode.proposal import Draft, Proposer, SpecRow
 from mathagent.serving.engine.spec_decode.stats import SpecStats
 from mathagent.serving.engine.spec_decode.tree_batch import TreeBatch, move_path
@@ -62,9 +62,6 @@ class Speculator:
         self.beams = beams
         self.stats = SpecStats()
         self.policy = DraftPolicy(draft_len, adaptive)
-        # decode steps run per (batch bucket, draft length), 0 = plain: what /metrics shows of
-        # the policy's choices (a bucket gone plain reads as acceptance ~1 in every other figure)
-        self.choices: dict[tuple[int, int], int] = {}
         self.last_depth = 0  # drafts per beam of the latest speculative step
         # (requests, draft length) of a step launched ahead: by a plain step (0) or a fused one
         self._ahead: tuple[list[str], int] | None = None
@@ -99,8 +96,6 @@ class Speculator:
         k = self.policy.choose(len(seqs))
         if k and any(s.num_cached + 1 + self.beams * k > self.runner.max_seq_len for s in seqs):
             k = 0  # a row near the context end has no room for a verify step's nodes
-        key = (bucket(len(seqs)), k)
-        self.choices[key] = self.choices.get(key, 0) + 1
         ids = [s.request_id for s in seqs]
         # a step launched ahead for other rows, or of another draft length, is thrown away
         # after this step has waited for it (measured on the H200: drain steps timed 2x): that
