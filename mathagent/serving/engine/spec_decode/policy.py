@@ -21,7 +21,9 @@ width while plain batched decode stays cheap per row), and one above a bucket wh
 loses at the acceptance measured now starts plain with probes, so neither is measured by
 speculating (run 31, 8B float32, batch 32: measuring each new bucket by speculating cost ~5%
 of the run). Nor is a bucket measured by speculating once drafts all but never land: at
-``E(k) < 1 + _FUTILE`` plain wins whatever the costs (run 31, batch 8: 2.5% of the run).
+``E(k) < 1 + _FUTILE`` plain wins whatever the costs (run 31, batch 8: 2.5% of the run), seen
+on ``_FUTILE_ROWS`` drafted rows (on two, a fresh CPU engine's one chat request went plain for
+good after its first two drafts missed, where drafting every step ran 1.4x plain).
 A cold bucket above one (a batch ramping up from nothing) is timed plain first, and speculation
 there is judged on its first two timed steps: kept and timed fully if it wins, else plain with
 probes.
@@ -60,7 +62,7 @@ _DECAY = 0.97  # per speculative step, for the acceptance counts
 _PROBE = 2  # speculative steps a probe takes (the first catches up or refreshes a hidden state)
 _BUDGET, _CLOSED_BUDGET = 0.005, 0.0025  # of plain time (run 81, T 0.7: 0.996x; 1%: 0.99x)
 _MIN_GAP, _MAX_GAP = 8, 1 << 15  # plain steps between probes
-_FUTILE, _FUTILE_ROWS = 0.1, 1.5  # drafts per row under which speculation cannot pay; rows seen
+_FUTILE, _FUTILE_ROWS = 0.1, 6.0  # drafts per row under which speculation cannot pay; rows seen
 _UNTIMED_RATIO = 2.0  # cost ratio assumed for probe gaps before any bucket is timed
 _MARGIN = 0.15  # how much faster than plain speculation's estimated rate must be to be chosen
 _STAY_MARGIN = 0.0  # ... to stay chosen (run 90, top-p at 1.26x: a 15% bar to stay, 1.150x)
