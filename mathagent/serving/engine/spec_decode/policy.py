@@ -51,7 +51,8 @@ choice after it differs).
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 _WARMUP, _READY, _WINDOW = 1, 3, 9  # steps per shape: dropped, timed before use, in the estimate
@@ -70,7 +71,7 @@ _SURE_ROWS = 16  # drafted rows (decayed) under which a close verdict is measure
 _RETIME, _RETIME_CATCH_UP = 4, 4.0  # plain steps re-timing plain takes; its drafter's catch-up
 
 
-def low_quartile(times) -> float:
+def low_quartile(times: Iterable[float]) -> float:
     """A step's cost from its latest timings: the lower quartile (the fastest of up to four).
     The host's other work only ever slows a step, and unevenly over a run: on the 2-core CPU
     host the agent's sandbox ran tool calls beside the engine and three of the first four
@@ -153,7 +154,7 @@ class DraftPolicy:
         self._sure = False  # drafted rows once reached _SURE_ROWS (a verdict rested on them)
         # choices made per (bucket, draft length), 0 plain: what /metrics shows of the policy
         # (a bucket gone plain reads as an acceptance length near 1 in every other figure)
-        self.choices: dict[tuple[int, int], int] = {}
+        self.choices: Counter[tuple[int, int]] = Counter()
 
     def expected_tokens(self, k: int) -> float:
         """Tokens a row commits per step with ``k`` drafts (1 + accepted drafts; at the full
@@ -189,7 +190,7 @@ class DraftPolicy:
             probes.retime_gap = probes.retime_gap or self._retime_gap(b)
         probes.winning = event in ("wins", "retime", "retiming")
         probes.last = event
-        self.choices[(b, k)] = self.choices.get((b, k), 0) + 1
+        self.choices[(b, k)] += 1
         return k
 
     def plain_next(self, batch: int) -> bool:
