@@ -132,7 +132,8 @@ def test_plain_steps_of_an_eagle3_engine_launch_ahead_and_feed_the_head(model) -
 
 def test_batched_chain_graphs_draft_as_eager_for_padded_batches(model) -> None:
     """Three rows in the batch-4 bucket (one padded row on the scratch slot): the captured
-    step drafts and accepts what the eager engine does, and output stays plain greedy."""
+    step drafts and accepts what the eager engine does (the chain's positions; past them the
+    graphs verify the lookup branch padded, run 112), and output stays plain greedy."""
     from mathagent.serving.engine.sampling_params import SamplingParams
 
     gen = torch.Generator().manual_seed(11)
@@ -149,11 +150,8 @@ def test_batched_chain_graphs_draft_as_eager_for_padded_batches(model) -> None:
     assert graph_ref == ref and [r.token_ids for r in graph_out] == ref
     assert [r.token_ids for r in eager_out] == ref
     assert any(b > 1 for b, _ in graph_proposer.steps.captured()), "no batch graph"
-    same = ("drafted_at", "accepted_at", "target_forwards")
-    for g, e in zip(graph_out, eager_out, strict=True):
-        assert {k: g.metrics.speculative[k] for k in same} == {
-            k: e.metrics.speculative[k] for k in same
-        }
+    for g, e in zip(graph_out, eager_out, strict=True):  # past the chain: the lookup's padding
+        assert same_drafting(g.metrics.speculative, e.metrics.speculative)
 
 
 def test_eagle3_with_skinny_products_equals_plain(model) -> None:
