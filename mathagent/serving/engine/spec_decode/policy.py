@@ -31,13 +31,16 @@ A bucket below one where speculation wins (a batch draining) speculates without 
 the argument above, the other way round.
 
 Speculation wins only by a margin: its estimated rate must beat plain's by ``_MARGIN`` to be
-chosen (once chosen it stays while it does not lose, ``_STAY_MARGIN``). Near a tie the gain is
-small and both estimates are noisy (CPU int4, batch 32: a probe measured 2.48 tokens a step
-where the run averaged 1.72; 0.86-0.95x plain before the margin). A lead short of the margin
-seen on fewer than ``_SURE_ROWS`` drafted rows is measured on by speculating, at no cost by the
-estimate (run 83, top-p: five steps estimated 1.13x, and plain was chosen at 0.987x where every
-step drafting ran 1.265x), and so is a first verdict while speculation trails by less than the
-noise of so few rows.
+chosen (once chosen it stays until it trails by more than one standard error of its estimate,
+``_noise``: a bar at the break-even itself left on the estimate's dips, run 112). Near a tie
+the gain is small and both estimates are noisy (CPU int4, batch 32: a probe measured 2.48
+tokens a step where the run averaged 1.72; 0.86-0.95x plain before the margin). A lead short of
+the margin seen on fewer than ``_SURE_ROWS`` drafted rows is measured on by speculating, at no
+cost by the estimate (run 83, top-p: five steps estimated 1.13x, and plain was chosen at 0.987x
+where every step drafting ran 1.265x), and so is a trail within two standard errors. A probe
+counts the history before it as one row: plain was chosen when that estimate was low, and
+halved it outweighed the probe's own rows (run 112, sampled: the policy 0.99x and 1.03x where
+drafting every step ran 1.33x and 1.28x).
 
 While speculation wins, plain is timed again now and then (``_RETIME`` plain steps, the first
 not timed), so a plain measurement taken in a slow spell does not hold speculation on for good
@@ -151,7 +154,6 @@ class DraftPolicy:
         self._accepted = [0.0] * max_len
         self._probes: dict[int, _Probes] = {}
         self._catch_up: dict[int, float] = {}  # bucket -> seconds of a first step after plain
-        self._sure = False  # drafted rows once reached _SURE_ROWS (a verdict rested on them)
         # choices made per (bucket, draft length), 0 plain: what /metrics shows of the policy
         # (a bucket gone plain reads as an acceptance length near 1 in every other figure)
         self.choices: Counter[tuple[int, int]] = Counter()
@@ -179,8 +181,12 @@ class DraftPolicy:
         elif event == "probe":  # the gap is over: measure again, from fresh acceptance
             probes.since, probes.left = 0, _PROBE - 1
             probes.losses += 1  # until it wins: then the next choice resets it
-            self._rows *= 0.5  # what was measured a gap ago counts half
-            self._accepted = [a * 0.5 for a in self._accepted]
+            # the history counts as one row: plain was chosen when the estimate was low, so it
+            # is biased low (halved, it outweighed the probe's rows: run 112, T 0.7, 1.03x
+            # where drafting every step ran 1.28x)
+            scale = 1.0 / max(self._rows, 1.0)
+            self._rows *= scale
+            self._accepted = [a * scale for a in self._accepted]
         elif event == "plain":  # plain is timed here again: a later run of wins counts anew
             probes.since, probes.spec_since, probes.retime_gap = probes.since + 1, 0, 0
         elif event == "wins":
@@ -209,7 +215,9 @@ class DraftPolicy:
             return False  # the verdict follows the re-timing's last step
         if event == "measure":
             return chosen == k and self._shape(b, k).to_ready() >= 2
-        certain = ("plain", "wins", "fixed", "probing", "undecided", "retiming", "inherits")
+        if event == "undecided":  # still so if this step lands nothing
+            return chosen == k and self._undecided(b, missed=batch)
+        certain = ("plain", "wins", "fixed", "probing", "retiming", "inherits")
         return chosen == k and event in certain
 
     def _plan(self, b: int) -> tuple[int, str]:
@@ -230,7 +238,8 @@ class DraftPolicy:
                 return k, "measure"
             best = 0
         else:
-            margin = _STAY_MARGIN if probes.winning else _MARGIN
+            # chosen, speculation stays until it trails by more than its estimate's noise
+            margin = (1 + _STAY_MARGIN) / (1 + self._noise()) - 1 if probes.winning else _MARGIN
             best = 0 if closed(ceiling) else self._best(b, margin)
             if not best and not closed(ceiling) and self._undecided(b):
                 return self.max_len, "undecided"
@@ -287,9 +296,12 @@ class DraftPolicy:
             return c
         return None
 
-    def _futile(self) -> bool:
-        """Drafted rows were seen and their drafts all but never land (any cost loses)."""
-        return self._rows >= _FUTILE_ROWS and self.expected_tokens(self.max_len) < 1 + _FUTILE
+    def _futile(self, rows: float | None = None, tokens: float | None = None) -> bool:
+        """Drafted rows were seen and their drafts all but never land (any cost loses); the
+        estimate's rows and tokens a step, or the policy's own."""
+        rows = self._rows if rows is None else rows
+        tokens = self.expected_tokens(self.max_len) if tokens is None else tokens
+        return rows >= _FUTILE_ROWS and tokens < 1 + _FUTILE
 
     def _best(self, b: int, margin: float = _MARGIN) -> int:
         """The draft length of the best estimated rate at ``b``, plain's counted ``margin`` up."""
@@ -303,17 +315,25 @@ class DraftPolicy:
         cost = _RETIME * max(lead, 0.0) + catch_up
         return max(_MIN_GAP, math.ceil(cost / (_BUDGET * self._ratio(b))))
 
-    def _undecided(self, b: int) -> bool:
-        """Too few drafted rows to tell: speculation leads plain by less than the margin, or,
-        before any verdict rested on ``_SURE_ROWS`` rows, trails it by less than the noise of so
-        few (its estimate ``1 / sqrt(rows)`` higher: run 89, top-p, seven steps measured 1.71
-        tokens a step, plain was chosen, drafting steps averaged 2.49)."""
-        if self._rows >= _SURE_ROWS or self._futile():
+    def _undecided(self, b: int, missed: int = 0) -> bool:
+        """Too few drafted rows to tell (fewer than ``_SURE_ROWS`` since the last probe began):
+        speculation leads plain by less than the margin, or trails it by less than two of its
+        estimate's standard errors (run 89, top-p, seven steps measured 1.71 tokens a step,
+        plain was chosen, drafting steps averaged 2.49). ``missed``: as if one more step of
+        so many rows landed nothing (the verdict whatever the step now running lands)."""
+        rows = self._rows * _DECAY + missed if missed else self._rows
+        landed = sum(self._accepted) * (_DECAY if missed else 1.0)
+        tokens = 1.0 + landed / rows if rows else 1.0 + self.max_len
+        if rows >= _SURE_ROWS or self._futile(rows, tokens):
             return False
-        spec, plain = self._rate(b, self.max_len), self._rate(b, 0)
-        if spec >= plain:
-            return True
-        return not self._sure and spec * (1 + self._rows**-0.5) >= plain * (1 + _MARGIN)
+        spec = tokens / self._cost(b, self.max_len)
+        return spec * (1 + 2 * self._noise(rows)) >= self._rate(b, 0)
+
+    def _noise(self, rows: float | None = None) -> float:
+        """The acceptance estimate's relative standard error: a row's accepted count varies
+        about half as much as the tokens a step commit (sampled runs, positions accepted
+        ~0.6 each), so ``0.5 / sqrt(rows)``."""
+        return 0.5 / math.sqrt(max(self._rows if rows is None else rows, 1.0))
 
     def _measured_below(self, b: int, judged: bool = False) -> int | None:
         """The nearest measured bucket below ``b``, if any; ``judged``: or one whose plain
@@ -379,7 +399,6 @@ class DraftPolicy:
     def accepted(self, asked: int, accepted: list[int]) -> None:
         """Count one speculative step: ``asked`` rows wanted drafts, each ``accepted`` so many."""
         self._rows = _DECAY * self._rows + asked
-        self._sure = self._sure or self._rows >= _SURE_ROWS
         self._accepted += [0.0] * (max(accepted, default=0) - len(self._accepted))
         for i in range(len(self._accepted)):
             hits = sum(1 for a in accepted if a > i)

@@ -259,7 +259,9 @@ def test_steps_are_launched_ahead_only_where_their_successor_is_certain() -> Non
     # the probe's second step is certain: launched ahead, it is timed as a steady step is
     # (timed alone, a step also pays the host's work between steps: run 79)
     assert policy.keeps(1, 4)
+    policy.accepted(1, [0])
     assert policy.choose(1) == 4
+    policy.accepted(1, [0])
     assert policy.keeps(1, 0) and not policy.keeps(1, 4)  # drafts still never land: plain
 
     fresh = DraftPolicy(4)  # nothing measured: speculation is measured first, steps ahead
@@ -484,9 +486,11 @@ def test_a_lead_short_of_the_margin_on_few_rows_is_measured_further() -> None:
     # a lead that stays short of the margin is decided plain once enough rows were drafted
     short = _run(DraftPolicy(4), 200, lambda n: [1, 1, 1, 1, 2][n % 5])
     assert 8 < short.count(4) < 40 and short[-50:] == [0] * 50
-    # a loss by the estimate beyond the noise of its few rows is not measured further
+    # a loss by the estimate measured on only while within the noise of its few rows
     losing = _run(DraftPolicy(4), 60, lambda n: int(n % 3 == 0))  # 1.33 tokens: 0.67x
-    assert losing.count(4) == 4 and losing[-50:] == [0] * 50
+    assert losing.count(4) <= 6 and losing[-50:] == [0] * 50
+    worse = _run(DraftPolicy(4), 60, lambda n: int(n % 6 == 0))  # 1.17 tokens: 0.58x
+    assert worse.count(4) == 4 and worse[-50:] == [0] * 50
 
 
 def test_a_first_verdict_against_speculation_waits_for_enough_rows() -> None:
@@ -496,10 +500,11 @@ def test_a_first_verdict_against_speculation_waits_for_enough_rows() -> None:
     early = [1, 1, 0, 1]  # 1.75 tokens at twice the cost: 0.875x by the estimate
     later = _run(DraftPolicy(4), 200, lambda n: early[n] if n < len(early) else 2)
     assert later[-50:] == [4] * 50
-    # drafts that keep trailing are decided plain once enough rows were drafted, and later
-    # probes (their history halved) do not measure on a trail: probes stay two steps
+    # drafts that keep trailing are decided plain once enough rows were drafted; later probes
+    # (their history counted as one row) measure on a trail within their rows' noise: at
+    # 0.875x each costs ~14 steps' loss of 0.25 plain ones, about 1% of the run (64 of 2000)
     trailing = _run(DraftPolicy(4), 2000, lambda n: [1, 1, 0, 1][n % 4])
-    assert trailing[-100:] == [0] * 100 and 16 < trailing.count(4) < 60
+    assert trailing[-100:] == [0] * 100 and 16 < trailing.count(4) < 80
 
 
 def test_speculation_once_chosen_stays_while_it_does_not_lose() -> None:
@@ -546,7 +551,9 @@ def test_plain_is_timed_again_while_speculation_runs() -> None:
 
     chosen = run(DraftPolicy(4), 4000)
     assert chosen[:300].count(4) > 250  # judged 1.44x on the slow plain steps: speculating
-    assert chosen[-2000:].count(4) < 40  # plain timed again: plain, probes aside
+    # plain timed again: plain, probes aside (measuring on a 0.8x trail within their rows'
+    # noise: ~15 steps each, 40 in all, under 1% of the time lost)
+    assert chosen[-2000:].count(4) < 60
     assert chosen.count(4) < 1200  # one re-timing's gap: ~0.5% of the time for its cost
     stale = DraftPolicy(4)
     stale._retime_gap = lambda b: 10**9  # never timed again: speculation stays
@@ -606,3 +613,28 @@ def test_a_first_verdict_is_not_taken_from_a_step_the_host_slowed() -> None:
             getattr(policy, op)(*args)
     assert policy.choose(4) == 3  # 101 ms for 3.3 tokens beats 46 ms for one by the margin
     assert policy.ceiling(4) is None or policy.ceiling(4) > 1.15  # and the bucket stays open
+
+
+def test_a_probe_judges_its_own_rows_not_the_history_that_went_plain() -> None:
+    # run 112 (H200, T 0.7): drafting every step ran 1.28x plain, the policy 1.03x. Plain was
+    # chosen when the estimate dipped, so that history is biased low; halved at each probe it
+    # outweighed the probe's two rows and every probe lost, each doubling the gap
+    def landing(n: int) -> int:
+        return 0 if 100 <= n < 130 else 2  # 1.5x, a spell of misses, 1.5x again
+
+    chosen = _run(DraftPolicy(4), 1200, landing)
+    assert chosen[200:400].count(4) == 0  # the misses sent it plain
+    # the first probe after (400 plain steps) won it back: speculating, plain re-timed aside
+    assert chosen[-200:].count(4) >= 190
+
+
+def test_speculation_stays_through_a_dip_within_its_estimates_noise() -> None:
+    # run 112 (T 0.6, top-p 0.95): 2.44 tokens a step at 1.83x the cost; a stay bar at the
+    # break-even itself left on dips of the ~33-row estimate the acceptance did not have
+    def landing(n: int, misses: int = 15) -> int:
+        return 0 if 60 <= n < 60 + misses else [2, 1][n % 2]  # 1.25x, a spell of misses
+
+    chosen = _run(DraftPolicy(4), 300, landing)  # the estimate fell to 0.96x: left before
+    assert chosen[20:] == [4] * 280
+    longer = _run(DraftPolicy(4), 300, lambda n: landing(n, 17))  # 0.93x: plain
+    assert longer[-200:].count(4) == 0
