@@ -154,6 +154,28 @@ def test_batched_chain_graphs_draft_as_eager_for_padded_batches(model) -> None:
         assert same_drafting(g.metrics.speculative, e.metrics.speculative)
 
 
+@pytest.mark.parametrize("lookup_len", [4, 0])
+def test_a_step_after_plain_ones_drafts_as_drafting_every_step_does(model, lookup_len) -> None:
+    """On the graphs (plain steps launched ahead, fused chain steps) a speculative step right
+    after plain ones lands what drafting every step lands at the same committed length: the
+    head caught up on the plain steps' positions (run 113, T 0.7: the policy's 22 steps landed
+    0.27 first drafts against 0.58 drafting every step; the CPU host path is exact,
+    ``test_eagle3.py``)."""
+    from mathagent.serving.engine.sampling_params import SamplingParams
+    from tests.serving.engine.spec_decode.pattern_policy import after_plain_against_every_step
+
+    gen = torch.Generator().manual_seed(31)
+    motif = torch.randint(0, 2048, (5,), generator=gen).tolist()
+    prompts = [motif * 3 + torch.randint(0, 2048, (n,), generator=gen).tolist() for n in (4, 9)]
+    params = SamplingParams(max_tokens=48, temperature=0.0, ignore_eos=True, speculative=METHOD)
+    engine, _ = _engine(model, eager=False, lookup_len=lookup_len)
+    matched = after_plain_against_every_step(engine, prompts, params, 4)
+    model.capture = ()
+    assert sum(1 for index, _, _ in matched if index == 0) >= 2
+    assert sum(every for _, _, every in matched) > 0, "nothing landed: the test cannot tell"
+    assert [m[1] for m in matched] == [m[2] for m in matched]
+
+
 def test_eagle3_with_skinny_products_equals_plain(model) -> None:
     """Every 2..16-row product of the graphs on the Triton skinny kernel (whatever its measured
     table holds): the engine's speculative greedy output stays plain greedy."""

@@ -18,7 +18,7 @@ from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import load_model
 from mathagent.serving.engine.model import ModelArgs, rope_table
 from mathagent.serving.engine.sampling_params import SamplingParams
-from mathagent.serving.engine.spec_config import SpecMethod
+from mathagent.serving.engine.spec_config import SpecMethod, embedded_method
 from mathagent.serving.engine.spec_decode.eagle3_head import (
     Eagle3CheckpointError,
     Eagle3Config,
@@ -34,6 +34,7 @@ from tests.serving.engine.spec_decode.eagle3_fixture import (
     smollm_head_config,
     write_reference_head,
 )
+from tests.serving.engine.spec_decode.pattern_policy import after_plain_against_every_step
 from tests.serving.engine.spec_decode.stats import chi_square_p
 from tests.serving.engine.spec_decode.test_spec_sampling import PARAMS, PROMPT, SAMPLES
 from tests.serving.engine.spec_decode.test_spec_sampling import _exact_marginals as exact_marginals
@@ -166,7 +167,10 @@ def heads(engine, tmp_path_factory):
     chain = SpecMethod("eagle3", f"{path}#chain")
     engine.speculator.proposers.register(chain, load_eagle3(path, engine.runner, 1))
     shipped = Path(__file__).resolve().parents[4] / "mathagent/serving/drafters"
-    yield [f"eagle3:{path}", str(chain), f"eagle3:{shipped / 'SmolLM2-135M-Instruct-eagle3'}"]
+    shipped = shipped / "SmolLM2-135M-Instruct-eagle3"
+    shipped_chain = SpecMethod("eagle3", f"{shipped}#chain")  # the shipped head, one beam
+    engine.speculator.proposers.register(shipped_chain, load_eagle3(shipped, engine.runner, 1))
+    yield [f"eagle3:{path}", str(chain), f"eagle3:{shipped}", str(shipped_chain)]
     engine.runner.feature_sinks.clear()
     engine.runner.model.capture = ()
 
@@ -259,11 +263,8 @@ def test_generate_cli_runs_eagle3_and_refuses_a_bad_head(tmp_path: Path) -> None
 def test_batched_chains_draft_what_row_by_row_drafting_does(engine, heads) -> None:
     """The batched chain drafter (one CUDA graph on a GPU) re-settles a window per row; its
     drafts, and so the acceptance at every position, equal drafting row by row."""
-    shipped = heads[2].split(":", 1)[1]
-    method = SpecMethod("eagle3", f"{shipped}#chain")
-    proposer = load_eagle3(Path(shipped), engine.runner, 1)  # the shipped head, one beam
-    engine.speculator.proposers.register(method, proposer)
-    params = SamplingParams(max_tokens=24, temperature=0.0, speculative=str(method))
+    proposer = engine.speculator.proposer(embedded_method(heads[3]))  # the shipped head's chain
+    params = SamplingParams(max_tokens=24, temperature=0.0, speculative=heads[3])
     batched = engine.generate(PROMPTS[:3], params)
     chains, proposer.chains = proposer.chains, None
     try:
@@ -277,6 +278,24 @@ def test_batched_chains_draft_what_row_by_row_drafting_does(engine, heads) -> No
             k: b.metrics.speculative[k] for k in same
         }
     assert sum(r.metrics.speculative["accepted_tokens"] for r in batched) > 10
+
+
+@pytest.mark.parametrize("beams", [1, 4])  # the shipped head's chain and its tree
+def test_a_step_after_plain_ones_drafts_as_drafting_every_step_does(engine, heads, beams) -> None:
+    """The head catches up on positions decoded plainly: a speculative step right after plain
+    ones lands what drafting every step lands at the same committed length (the policy's
+    probes judge speculation on such steps; run 113, H200, T 0.7: 0.27 of first drafts landed
+    in the policy's 22 steps against 0.58 drafting every step)."""
+    method = heads[3] if beams == 1 else heads[2]
+    params = SamplingParams(max_tokens=48, temperature=0.0, speculative=method)
+    policy = engine.speculator.policy
+    try:
+        matched = after_plain_against_every_step(engine, PROMPTS[:3], params, 3)
+    finally:
+        engine.speculator.policy = policy
+    first = [(here, every) for index, here, every in matched if index == 0]
+    assert len(first) >= 3 and sum(every for _, _, every in matched) > 0
+    assert [m[1] for m in matched] == [m[2] for m in matched]
 
 
 REPEATING = (
