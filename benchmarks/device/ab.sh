@@ -4,7 +4,8 @@
 # Usage: benchmarks/device/ab.sh NAME "gpu_default_model.py flags" [NAME "flags" ...]
 # e.g.   benchmarks/device/ab.sh greedy_glue_off "--chain-glue off" greedy_glue_on "--chain-glue on"
 # Each run: 20 agent prompts x 256 tokens, bf16, chains of 4 (the default), plain / EAGLE-3 fixed / auto;
-# AB_TIMEOUT (default 170 s) bounds each one.
+# AB_TIMEOUT (default 170 s) bounds each one; the first run on a fresh machine also compiles the
+# kernels (run 113: a 45 s run hit a 100 s bound).
 set -uo pipefail
 . "$(dirname "$0")/model.sh"  # $G, $R, $D, PYTHONPATH
 while [ $# -gt 1 ]; do
