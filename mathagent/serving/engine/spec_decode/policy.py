@@ -158,14 +158,19 @@ class DraftPolicy:
         # (a bucket gone plain reads as an acceptance length near 1 in every other figure)
         self.choices: Counter[tuple[int, int]] = Counter()
 
-    def expected_tokens(self, k: int) -> float:
+    def expected_tokens(self, k: int, missed: int = 0) -> float:
         """Tokens a row commits per step with ``k`` drafts (1 + accepted drafts; at the full
         length every accepted position counts, those past it too: a ragged tree's longer
-        branch lands them)."""
-        if self._rows == 0:
+        branch lands them); ``missed``: as if one more step of so many rows landed nothing."""
+        rows = self._rows_after(missed)
+        if rows == 0:
             return 1.0 + k  # nothing measured yet: optimistic, so speculation gets tried
         counted = self._accepted if k >= self.max_len else self._accepted[:k]
-        return 1.0 + sum(counted) / self._rows
+        return 1.0 + sum(counted) * (_DECAY if missed else 1.0) / rows
+
+    def _rows_after(self, missed: int = 0) -> float:
+        """Drafted rows (decayed), after one more step of ``missed`` rows if any."""
+        return self._rows * _DECAY + missed if missed else self._rows
 
     def choose(self, batch: int) -> int:
         """The draft length of the next step of ``batch`` rows (0 = plain decode)."""
@@ -321,9 +326,7 @@ class DraftPolicy:
         estimate's standard errors (run 89, top-p, seven steps measured 1.71 tokens a step,
         plain was chosen, drafting steps averaged 2.49). ``missed``: as if one more step of
         so many rows landed nothing (the verdict whatever the step now running lands)."""
-        rows = self._rows * _DECAY + missed if missed else self._rows
-        landed = sum(self._accepted) * (_DECAY if missed else 1.0)
-        tokens = 1.0 + landed / rows if rows else 1.0 + self.max_len
+        rows, tokens = self._rows_after(missed), self.expected_tokens(self.max_len, missed)
         if rows >= _SURE_ROWS or self._futile(rows, tokens):
             return False
         spec = tokens / self._cost(b, self.max_len)

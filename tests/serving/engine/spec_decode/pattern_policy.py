@@ -1,6 +1,6 @@
 """A draft-length policy that follows a fixed pattern (``plain`` plain steps, then ``spec``
-speculative ones), and what each speculative step landed by token position: so a step right
-after plain ones can be compared with drafting every step at the same position."""
+speculative ones), and what each speculative step landed by the committed length it started
+from: so a step right after plain ones can be compared with drafting every step there."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ class PatternPolicy:
 
     def __init__(self, k: int, plain: int = 0, spec: int = 1) -> None:
         self.k, self.plain, self.spec, self.n = k, plain, spec, 0
-        self.log: list[list] = []  # [draft length, index after plain (-1 plain), landed]
+        self.log: list[list] = []  # [draft length, index after plain (plain: < 0), landed]
 
     def _k(self, n: int) -> int:
         return self.k if n % (self.plain + self.spec) >= self.plain else 0
