@@ -132,9 +132,16 @@ def main() -> None:
     parser.add_argument("--split-sweep", action="store_true")
     parser.add_argument("--runs-before", nargs="*", default=[])
     parser.add_argument("--runs", nargs="+", default=["fp8", "none"])
+    parser.add_argument("--variant", default="", help="GEMV settings for the whole run, "
+                        "as fp8_step_probe.py --variants takes them (e.g. a probe's winner)")  # fmt: skip
     args = parser.parse_args()
+    if args.variant:
+        from fp8_step_probe import variant  # it imports this module: imported only here
+
+        variant(args.variant).__enter__()  # for the whole process
+        print(f"variant {args.variant}", flush=True)
     out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                 "shape": SHAPE}  # fmt: skip
+                 "shape": SHAPE, "variant": args.variant}  # fmt: skip
     q, s = cuda_fp8.quantize_rows(x := torch.randn(7, 14336, device="cuda", dtype=torch.bfloat16))
     q_ref, s_ref = fp8_format.quantize_rows(x)
     out["quantize_rows_bitwise_equal_reference"] = bool(

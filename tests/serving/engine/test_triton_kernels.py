@@ -395,3 +395,70 @@ def test_fp8_one_row_glu_writes_silu_of_gate_times_up(dev):
         got = fp8_gemv.gemv(x, codes, scale, norm=g, eps=1e-5, config=cfg, glu=True)
         assert got.shape == (1, n // 2) and rel(got, ref) < 4e-3, cfg
         assert max_rel(got, F.silu(pg) * pu) < 1e-2, cfg
+
+
+def test_fp8_products_take_their_inputs_max_from_the_kernel_that_wrote_it(dev):
+    """w13's GLU epilogue and the attention leave their row's max |value| (kernels.max_slot);
+    w2 and wo quantise that row themselves with it: the row kernel path's bits, and each slot
+    zero again after its consumer, launch after launch (one stretch and several merged)."""
+    from mathagent.serving.engine import fp8_format
+    from mathagent.serving.engine.cuda import fp8_gemv
+
+    torch.manual_seed(9)
+    hid, inter, bf16 = 256, 512, torch.bfloat16
+    w13c, w13s = fp8_format.quantize_rows(torch.randn(2 * inter, hid, device=dev))
+    w2c, w2s = fp8_format.quantize_rows(torch.randn(hid, inter, device=dev))
+    woc, wos = fp8_format.quantize_rows(torch.randn(hid, hid, device=dev))
+    w13s, w2s, wos = w13s.squeeze(-1), w2s.squeeze(-1), wos.squeeze(-1)
+    g = torch.randn(hid, device=dev, dtype=bf16)
+    h, hkv, d, max_seq = 4, 2, 64, 256
+    freqs = torch.outer(torch.arange(256.0), 1e-4 ** (torch.arange(0, d, 2) / d)).to(dev)
+    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
+    for trial, start in enumerate((3, 150)):
+        x = torch.randn(1, 1, hid, device=dev, dtype=bf16) * (trial + 1)
+        r = torch.randn(1, 1, hid, device=dev, dtype=bf16)
+        a0 = fp8_gemv.gemv(x, w13c, w13s, norm=g, glu=True)
+        a1 = fp8_gemv.gemv(x, w13c, w13s, norm=g, glu=True, out_max="glu")
+        y0 = fp8_gemv.gemv(a0, w2c, w2s, residual=r, config=[4, 128, 4])
+        y1 = fp8_gemv.gemv(a1, w2c, w2s, residual=r, in_max="glu", config=[4, 128, 4])
+        assert torch.equal(a1, a0) and torch.equal(y1, y0)
+        qkv = torch.randn(1, 1, (h + 2 * hkv) * d, device=dev, dtype=bf16)
+        caches = [torch.randn(2, hkv, max_seq, d, device=dev, dtype=bf16) for _ in range(2)]
+        args = (torch.tensor([1], device=dev), torch.tensor([start], device=dev),
+                torch.ones(1, 1, 1, dtype=torch.int8, device=dev),
+                torch.tensor([[start]], device=dev), cos, sin, h)  # fmt: skip
+        o0 = cuda_attention.rope_attention(qkv, *[c.clone() for c in caches], *args)
+        o1 = cuda_attention.rope_attention(qkv, *caches, *args, amax=True)
+        assert torch.equal(o1, o0)
+        o0, o1 = o0.reshape(1, 1, h * d), o1.reshape(1, 1, h * d)
+        z0 = fp8_gemv.gemv(o0, woc, wos, residual=r, config=[8, 128, 4])
+        z1 = fp8_gemv.gemv(o1, woc, wos, residual=r, in_max="attention", config=[8, 128, 4])
+        assert torch.equal(z1, z0)
+        for name in ("glu", "attention"):
+            assert cuda_kernels.max_slot(name, x.device)[:2].tolist() == [0, 0]
+
+
+def test_the_gemvs_l2_prefetch_leaves_the_product_bit_for_bit(dev):
+    """The bf16 GEMV's bulk L2 prefetch before its PDL wait moves nothing into registers: the
+    same bits with and without it (a Hopper instruction: CUDA only, not the interpreter)."""
+    if dev.type != "cuda" or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("cp.async.bulk.prefetch runs on Hopper")
+    from dataclasses import replace
+
+    n, k = 3000, 4096
+    w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+    x = torch.randn(1, k, device=dev, dtype=torch.bfloat16)
+    g = torch.randn(k, device=dev, dtype=torch.bfloat16)
+    saved = cuda_kernels.GEMV_CONFIGS.get((n, k))
+    try:
+        for bn, bk, warps in ((4, 1024, 2), (16, 512, 8), (8, 1024, 4)):
+            cfg = cuda_kernels.GemvConfig(bn, bk, warps)
+            cuda_kernels.GEMV_CONFIGS[(n, k)] = cfg
+            base = cuda_kernels.gemv(x, w, norm=g)
+            for pf in (2048, 1 << 20):
+                cuda_kernels.GEMV_CONFIGS[(n, k)] = replace(cfg, prefetch=pf)
+                assert torch.equal(cuda_kernels.gemv(x, w, norm=g), base), (bn, bk, warps, pf)
+    finally:
+        cuda_kernels.GEMV_CONFIGS.pop((n, k))
+        if saved is not None:
+            cuda_kernels.GEMV_CONFIGS[(n, k)] = saved
