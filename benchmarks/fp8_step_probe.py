@@ -192,6 +192,8 @@ def probe(quantization: str, variants: list[str], ablate: bool) -> dict:
             res[name + "_ms"] = graph_ms(graphs)
         print(name, round(res[name + "_ms"], 4), flush=True)
     for spec in variants:
+        if ("bpf=" in spec) != (quantization == "none"):  # bf16 GEMV settings: bf16 only
+            continue
         try:
             with variant(spec):
                 res[f"variant {spec}"] = graph_ms(graphs)
