@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from fp8_bench import SHAPE, replay_ms
 
 from mathagent.config import EngineSettings
 from mathagent.serving.engine.config import EngineConfig
-from mathagent.serving.engine.cuda import attention, fp8_gemv, kernels
+from mathagent.serving.engine.cuda import attention, fp8_gemv
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import load_model
 
@@ -61,11 +60,10 @@ def static_attention():
     """The attention's output made once (no attention kernel in the graph)."""
     real, made = attention._attention, {}
 
-    def fake(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None, amax=False):
+    def fake(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None):
         key = (tuple(q.shape), h)
         if key not in made:
             made[key] = real(q, k_cache, v_cache, slots, start, tree, h, rope, launch)
-        # amax: the slot stays zero, so wo quantises with the least scale (a timing, no model)
         return made[key]
 
     attention._attention = fake
@@ -103,42 +101,26 @@ def no_layers(forward):
 
 @contextlib.contextmanager
 def variant(spec: str):
-    """fp8 GEMV settings for one A/B, restored after: ``;``-separated ``GLU=0|1``, ``PMAX=0|1``
-    (:data:`fp8_gemv.PRODUCER_MAX`),
-    ``cfg=NxK:bn,bk,warps[,prefetch]`` (a plain launch shape), ``glu=NxK:bn,bk,warps[,prefetch]``
-    (w13's GLU launch shape, rows of each half), ``pf=NxK:bytes`` / ``gpf=NxK:bytes`` (the
-    table's launch shape with that L2 prefetch a row), ``bpf=NxK:bytes`` (the bf16 GEMV's)."""
+    """fp8 GEMV settings for one A/B, restored after: ``;``-separated ``GLU=0|1``,
+    ``cfg=NxK:bn,bk,warps`` (a plain launch shape), ``glu=NxK:bn,bk,warps`` (w13's GLU
+    launch shape, rows of each half)."""
     plain, glu, glu_on = dict(fp8_gemv.FP8_GEMV_CONFIGS), dict(fp8_gemv.GLU_CONFIGS), fp8_gemv.GLU
-    pmax = fp8_gemv.PRODUCER_MAX
-    bf16 = dict(kernels.GEMV_CONFIGS)
-    tables = {"cfg": fp8_gemv.FP8_GEMV_CONFIGS, "glu": fp8_gemv.GLU_CONFIGS,
-              "bf16": kernels.GEMV_CONFIGS}  # fmt: skip
+    tables = {"cfg": fp8_gemv.FP8_GEMV_CONFIGS, "glu": fp8_gemv.GLU_CONFIGS}
     for part in filter(None, spec.split(";")):
         key, value = part.split("=")
         if key == "GLU":
             fp8_gemv.GLU = value == "1"
             continue
-        if key == "PMAX":
-            fp8_gemv.PRODUCER_MAX = value == "1"
-            continue
         shape_text, launch = value.split(":")
         shape = tuple(int(v) for v in shape_text.split("x"))
-        if key in ("pf", "gpf", "bpf"):  # the measured launch shape with this L2 prefetch
-            table = tables[{"pf": "cfg", "gpf": "glu", "bpf": "bf16"}[key]]
-            table[shape] = dataclasses.replace(table[shape], prefetch=int(launch))
-        else:
-            table = tables[key]
-            table[shape] = fp8_gemv.Fp8GemvConfig(*(int(v) for v in launch.split(",")))
+        tables[key][shape] = fp8_gemv.Fp8GemvConfig(*(int(v) for v in launch.split(",")))
     try:
         yield
     finally:
-        restore = ((fp8_gemv.FP8_GEMV_CONFIGS, plain), (fp8_gemv.GLU_CONFIGS, glu),
-                   (kernels.GEMV_CONFIGS, bf16))  # fmt: skip
-        for table, saved in restore:
+        for table, saved in ((fp8_gemv.FP8_GEMV_CONFIGS, plain), (fp8_gemv.GLU_CONFIGS, glu)):
             table.clear()
             table.update(saved)
         fp8_gemv.GLU = glu_on
-        fp8_gemv.PRODUCER_MAX = pmax
 
 
 def graph_ms(graphs, reps: int = 50) -> float:
@@ -192,7 +174,7 @@ def probe(quantization: str, variants: list[str], ablate: bool) -> dict:
             res[name + "_ms"] = graph_ms(graphs)
         print(name, round(res[name + "_ms"], 4), flush=True)
     for spec in variants:
-        if ("bpf=" in spec) != (quantization == "none"):  # bf16 GEMV settings: bf16 only
+        if quantization != "fp8":  # the variants set the fp8 GEMV only
             continue
         try:
             with variant(spec):

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from mathagent.serving.engine.cuda.kernels import arrival_counters, max_slot, pdl_supported
+from mathagent.serving.engine.cuda.kernels import arrival_counters, pdl_supported
 
 try:
     import triton
@@ -35,7 +35,7 @@ if triton is not None:
         HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
         QROWS: tl.constexpr, PART: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
         MAX_SEQ: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
-        TP: tl.constexpr, GS: tl.constexpr, max_ptr=None, AMAX: tl.constexpr = False,
+        TP: tl.constexpr, GS: tl.constexpr,
     ):  # fmt: skip
         """One program per (row, KV head, group of its query heads, split): online-softmax
         attention over a slot's cache. GS: the KV head's G query heads in GS programs of G / GS
@@ -120,10 +120,7 @@ if triton is not None:
         o_ptrs = out_ptr + o_off + d[None, :]
         if n_active == 1:  # one stretch covers the row: no merge
             out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-            out = out.to(out_ptr.dtype.element_ty)
-            tl.store(o_ptrs, out, mask=row_ok[:, None])
-            if AMAX:
-                _leave_out_max(max_ptr, out, row_ok)
+            tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
         else:
             ws = (pid * NSPLIT + split) * QROWS
             tl.store(m_ptr + ws + r, m_i)
@@ -133,18 +130,8 @@ if triton is not None:
             # The last stretch to finish merges all of them (no second kernel per layer).
             if tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel") == n_active - 1:
                 out = _attn_merge(m_ptr, l_ptr, acc_ptr, pid, r, d, n_active, D, QROWS, NSPLIT)
-                out = out.to(out_ptr.dtype.element_ty)
-                tl.store(o_ptrs, out, mask=row_ok[:, None])
-                if AMAX:
-                    _leave_out_max(max_ptr, out, row_ok)
+                tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
                 tl.store(cnt_ptr + pid, 0)  # ready for the next launch
-
-    @triton.jit
-    def _leave_out_max(max_ptr, out, row_ok):
-        # AMAX (one row only): max |out| as a float's bits into the slot the FP8 wo product
-        # reads its scale from (kernels.max_slot), so no row kernel runs between them
-        m = tl.max(tl.max(tl.where(row_ok[:, None], tl.abs(out.to(tl.float32)), 0.0), 1), 0)
-        tl.atomic_max(max_ptr, m.to(tl.int32, bitcast=True), sem="relaxed")
 
     @triton.jit
     def _rope(x, x_ptrs, mask, pos, cos_ptr, sin_ptr, d, D: tl.constexpr):
@@ -226,26 +213,22 @@ def rope_attention(
     cos: torch.Tensor,
     sin: torch.Tensor,
     n_heads: int,
-    amax: bool = False,
 ) -> torch.Tensor:
     """:func:`decode_attention` fed by the QKV projection ``[B, T, (H + 2 Hkv) * D]``.
 
     Rotates q and the new k by ``positions [B, T]`` (half-split tables ``cos/sin [*, D]``),
     writes the new k and v into the cache at ``start[b] + t`` of slot ``slots[b]`` (positions
     past the cache are dropped) and attends as :func:`decode_attention`; one kernel instead of
-    rotary, scatter and attention. Returns ``[B, T, H, D]``. ``amax`` (one row): also leave the
-    output's max |value| in ``kernels.max_slot("attention")`` for the FP8 wo product, which
-    must then take it (``fp8_gemv.gemv(..., in_max="attention")``).
+    rotary, scatter and attention. Returns ``[B, T, H, D]``.
     """
     bsz, t = qkv.shape[:2]
     d = k_cache.shape[3]
     view = qkv.view(bsz, t, -1, d)  # [B, T, H + 2 Hkv, D]
-    rope = (positions, cos, sin)
-    return _attention(view, k_cache, v_cache, slots, start, tree, n_heads, rope, amax=amax)
+    return _attention(view, k_cache, v_cache, slots, start, tree, n_heads, (positions, cos, sin))
 
 
 @rope_attention.register_fake
-def _(qkv, k_cache, v_cache, slots, start, tree, positions, cos, sin, n_heads, amax=False):
+def _(qkv, k_cache, v_cache, slots, start, tree, positions, cos, sin, n_heads):
     return qkv.new_empty(qkv.shape[0], qkv.shape[1], n_heads, k_cache.shape[3])
 
 
@@ -264,9 +247,7 @@ def head_groups(width: int, g: int) -> int:
 SPLIT_HEADS = True
 
 
-def _attention(
-    q, k_cache, v_cache, slots, start, tree, h, rope, launch=None, amax=False
-) -> torch.Tensor:
+def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None) -> torch.Tensor:
     """Launch the split-KV kernel over ``q [B, T, >=H, D]`` (the first ``h`` heads are queries);
     ``launch`` = (positions per split, positions per block, warps[, programs per KV head])
     overrides the default (benchmarks/attention_sweep.py)."""
@@ -289,7 +270,6 @@ def _attention(
     acc = torch.empty(ws_rows, d, dtype=torch.float32, device=q.device)
     out = q.new_empty(bsz, t, h, d)
     positions, cos, sin = rope if rope is not None else (start, start, start)
-    assert not amax or bsz * t == 1, "amax is the max of one row"
     assert positions.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
     _attn_kernel[(programs, nsplit)](
         q, k_cache, v_cache, slots, start, tree, m, lsum, acc,
@@ -299,6 +279,5 @@ def _attention(
         HKV=hkv, T=t, G=g, D=d, QROWS=qrows, PART=part, BLOCK_S=block_s, NSPLIT=nsplit,
         MAX_SEQ=max_seq, IEEE=q.dtype == torch.float32, PDL=q.is_cuda and pdl_supported(),
         ROPE=rope is not None, TP=triton.next_power_of_2(t), GS=gs, num_warps=warps,
-        max_ptr=max_slot("attention", q.device) if amax else m, AMAX=amax,
     )  # fmt: skip
     return out

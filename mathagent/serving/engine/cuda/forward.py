@@ -26,7 +26,6 @@ from mathagent.serving.engine.cuda.products import (
     gemv,
     glu_form,
     linear,
-    producer_max,
     product_weight,
 )
 from mathagent.serving.engine.model import Transformer
@@ -134,9 +133,6 @@ def layer_step(
     h = h if delta is None else h + delta  # [B, T, H]
     bsz, width, _ = h.shape
     fused = all(fused_ok(w, shape.fast, bsz * width, shape.fused_rows) for w in (wqkv, wo, w13, w2))
-    # FP8 at one row: the attention and w13 leave their outputs' max for wo and w2 to quantise
-    # with (fp8_gemv.producer_max), so those two products run without a row kernel first
-    maxed = fused and q_norm is None and producer_max(wo, w13, w2, bsz * width)
     if fused:
         qkv = gemv(h, wqkv, shape.fast, norm=ln1, eps=eps)
         qkv = qkv if bqkv is None else qkv + bqkv
@@ -144,7 +140,7 @@ def layer_step(
         qkv = linear(rms_norm(h, ln1, eps), wqkv, shape.fast, bqkv, shape.skinny)
     if q_norm is None or k_norm is None:  # rotary and the K/V write run in the attention
         o = attention.rope_attention(qkv, k_cache, v_cache, inp.slots, inp.start, inp.tree,
-                                        inp.positions, cos, sin, nh, amax=maxed)  # fmt: skip
+                                        inp.positions, cos, sin, nh)  # fmt: skip
     else:
         q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
         q, k = q.view(bsz, width, nh, hd), k.view(bsz, width, nkv, hd)
@@ -156,11 +152,11 @@ def layer_step(
         o = attention.decode_attention(q, k_cache, v_cache, inp.slots, inp.start, inp.tree)
     o = o.reshape(bsz, width, nh * hd)
     if fused:
-        h = gemv(o, wo, shape.fast, residual=h, **_handed(maxed, "attention", "in_max"))
+        h = gemv(o, wo, shape.fast, residual=h)
         rows = bsz * width
         if glu_form(w13, rows, shape.fast):
-            act = gemv(h, w13, shape.fast, norm=ln2, eps=eps, glu=True, **_handed(maxed, "glu"))
-            return gemv(act, w2, shape.fast, residual=h, **_handed(maxed, "glu", "in_max")), None
+            act = gemv(h, w13, shape.fast, norm=ln2, eps=eps, glu=True)
+            return gemv(act, w2, shape.fast, residual=h), None
         gate_up = gemv(h, w13, shape.fast, norm=ln2, eps=eps)
         return gemv(gate_up, w2, shape.fast, residual=h, silu_mul=True), None
     h = h + linear(o, wo, shape.fast, skinny=shape.skinny)
@@ -168,11 +164,6 @@ def layer_step(
         shape.inter, dim=-1
     )
     return h, linear(F.silu(gate) * up, w2, shape.fast, skinny=shape.skinny)
-
-
-def _handed(maxed: bool, slot: str, key: str = "out_max") -> dict[str, str]:
-    # the fp8 GEMV's keyword handing a max on through ``slot`` (none unless ``maxed``)
-    return {key: slot} if maxed else {}
 
 
 class CudaForward:

@@ -43,9 +43,6 @@ class Fp8GemvConfig:
     block_n: int
     block_k: int  # 2 * block_k must divide K
     num_warps: int
-    # Bytes of each of its rows a program asks of L2 before the PDL wait, beyond the two
-    # tiles it loads (:func:`prefetch_bytes` rounds it to whole pieces and to the row)
-    prefetch: int = 0
     evict: str = "evict_first"
     pdl: bool = True
 
@@ -84,12 +81,6 @@ def fp8_gemv_config(n: int, k: int, glu: bool = False) -> Fp8GemvConfig:
     if cfg.pdl and not kernels.pdl_supported():
         cfg = replace(cfg, pdl=False)
     return cfg
-
-
-def prefetch_bytes(cfg: Fp8GemvConfig, k: int) -> int:
-    """The L2 prefetch a program of ``cfg`` fires per row: at most the row past its first two
-    tiles (:func:`kernels.prefetch_bytes`)."""
-    return kernels.prefetch_bytes(cfg.block_n, 2 * cfg.block_k, cfg.num_warps, cfg.prefetch, k)
 
 
 def row_warps(k: int, pro: int) -> int:
@@ -131,23 +122,6 @@ def rows_fit(weight: torch.Tensor, rows: int) -> bool:
     return FUSED_ROWS and 2 <= rows <= fp8.MAX_ROWS and tuple(weight.shape) in fp8.ROWS_CONFIGS
 
 
-# Plain one-row inputs (wo's from the attention, w2's from w13's GLU epilogue) quantised by
-# their GEMV from the max the writing kernel left (kernels.max_slot), not by a row kernel
-# between the two: the same codes and scale (the max is exact and order-free).
-PRODUCER_MAX = True
-
-
-def producer_max(wo: object, w13: object, w2: object, rows: int) -> bool:
-    """Whether a layer's one-row wo and w2 take their input's max from its producer: all three
-    FP8 weights on the one-row GEMV, w13 in the GLU form (:data:`PRODUCER_MAX`)."""
-    weights = (wo, w13, w2)
-    return (
-        PRODUCER_MAX and GLU and rows == 1
-        and all(isinstance(w, tuple) and gemv_fits(w[0]) for w in weights)
-        and not any(tuple(w[0].shape) in ONE_ROW_CONFIGS for w in weights)
-    )  # fmt: skip
-
-
 # One-row products that run on the tensor-core rows kernel (K split across programs) instead of
 # the CUDA-core GEMV, per weight shape: filled by a sweep where it measured faster
 # (benchmarks/fp8_split_sweep.py); empty, every one-row product takes the GEMV.
@@ -187,25 +161,16 @@ def gemv(
     silu_mul: bool = False,
     config: list[int] | None = None,
     glu: bool = False,
-    in_max: str = "",
-    out_max: str = "",
 ) -> torch.Tensor:
     """``f(x) @ (weight[N, K] * weight_scale[N]).T (+ residual)`` for one row, FP8 model; for
     2..16 rows (verify, where :func:`rows_fit`) the same through the tensor-core rows kernel.
 
     ``f`` as in :func:`kernels.gemv`. ``glu``: ``weight`` holds gate rows then up rows and the
     result is ``silu(gate) * up`` ``[N / 2]``. ``config`` (the sweep's knob) overrides the one-row
-    launch shape: ``[block_n, block_k, warps(, prefetch bytes a row)]``.
-
-    One row only: ``in_max`` names the :func:`kernels.max_slot` where the kernel that wrote the
-    plain input ``x`` left its max |value| (attention, or a product with ``out_max``); the GEMV
-    then quantises ``x`` itself with the row kernel's rule (same codes, same scale) and no row
-    kernel runs. ``out_max``: leave this product's max |y| in that slot for the next one.
-    Each slot written must be read by exactly one product (:func:`producer_max`).
+    launch shape: ``[block_n, block_k, warps]``.
     """
     n, k = weight.shape
     if x.numel() != x.shape[-1] or (config is None and (n, k) in ONE_ROW_CONFIGS):
-        assert not (in_max or out_max), "a producer's max is handed on at one row only"
         rows = x.numel() // x.shape[-1]
         cfg = ONE_ROW_CONFIGS[(n, k)] if rows == 1 else fp8.rows_config(n, k, rows)
         y = _rows_gemv(x, weight, weight_scale, norm, None if glu else residual, eps, silu_mul, cfg)
@@ -216,24 +181,18 @@ def gemv(
     if config is not None:
         cfg = Fp8GemvConfig(*config, pdl=cfg.pdl)
     n_out = n // 2 if glu else n
-    assert not (in_max and out_max) and not (in_max and pro), "in_max takes one plain row"
-    if in_max:
-        q, s = x1, kernels.max_slot(in_max, x.device)
-    else:
-        q, s = quantize_row(x1, k, norm, eps, pro, cfg.pdl)
-    slot = kernels.max_slot(out_max, x.device) if out_max else s
+    q, s = quantize_row(x1, k, norm, eps, pro, cfg.pdl)
     y = torch.empty(n_out, dtype=x.dtype, device=x.device)
     _fp8_gemv_kernel[(triton.cdiv(n_out, cfg.block_n),)](
         q, s, weight, weight_scale, y, x1 if residual is None else residual.reshape(n_out), n_out,
         k, weight.stride(0), RESID=residual is not None, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, EVICT=cfg.evict, PDL=cfg.pdl, GLU=glu,
-        PF=prefetch_bytes(cfg, k), NT=32 * cfg.num_warps, slot_ptr=slot, IN_MAX=bool(in_max),
-        OUT_MAX=bool(out_max), num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
+        BLOCK_K=cfg.block_k, EVICT=cfg.evict, PDL=cfg.pdl, GLU=glu, num_warps=cfg.num_warps,
+        launch_pdl=cfg.pdl,
     )  # fmt: skip
     return y.view(*x.shape[:-1], n_out)
 
 
 @gemv.register_fake
 def _(x, weight, weight_scale, norm=None, residual=None, eps=1e-6, silu_mul=False, config=None,
-      glu=False, in_max="", out_max=""):  # fmt: skip
+      glu=False):  # fmt: skip
     return x.new_empty(*x.shape[:-1], weight.shape[0] // 2 if glu else weight.shape[0])

@@ -16,7 +16,7 @@ if triton is not None:
     import triton.language as tl
 
     from mathagent.serving.engine.cuda.fp8 import _quantize_codes, _row_scale
-    from mathagent.serving.engine.cuda.kernels import _gemv_input, _l2_prefetch
+    from mathagent.serving.engine.cuda.kernels import _gemv_input
 
     @triton.jit
     def _fp8_row_kernel(x_ptr, g_ptr, q_ptr, s_ptr, K, stride_x, eps, PRO: tl.constexpr,
@@ -49,49 +49,22 @@ if triton is not None:
         return (acc * (sx * ws)).to(dt)
 
     @triton.jit
-    def _fma_tile(acc, w, q_ptr, k0, rk, rn, inv, IN_MAX: tl.constexpr):
+    def _fma_tile(acc, w, q_ptr, k0, rk, rn):
         # The codes are loaded in the weight tile's own layout (one 16-byte load per thread,
         # shared by its rows): a [BK] load would cross threads through shared memory.
-        # IN_MAX: q_ptr is the plain input row, quantised here with the row kernel's rule.
-        x = tl.load(q_ptr + k0 + rk[None, :] + 0 * rn[:, None])
-        if IN_MAX:
-            x = _quantize_codes(x.to(tl.float32), inv)
-        return acc + w.to(tl.float32) * x.to(tl.float32)
-
-    @triton.jit
-    def _leave_max(slot_ptr, y, ok):
-        # max |y| over this program's stored values into the slot, as the bits of a float
-        # (order-free and exact: for floats >= 0 the int order of the bits is theirs)
-        m = tl.max(tl.where(ok, tl.abs(y.to(tl.float32)), 0.0), axis=0)
-        tl.atomic_max(slot_ptr, m.to(tl.int32, bitcast=True), sem="relaxed")
-
-    @triton.jit
-    def _take_max(slot_ptr):
-        # Read the producer's max and count this program in; the last one to arrive zeroes
-        # the slot and the count for the next producer (which runs after this kernel ends).
-        # The read is an atomic too: the one thread that counts in reads first (a plain load
-        # by other warps could come after another program's reset).
-        amax = tl.atomic_add(slot_ptr, 0, sem="relaxed").to(tl.float32, bitcast=True)
-        if tl.atomic_add(slot_ptr + 1, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-            tl.store(slot_ptr, 0)
-            tl.store(slot_ptr + 1, 0)
-        return amax
+        x = tl.load(q_ptr + k0 + rk[None, :] + 0 * rn[:, None]).to(tl.float32)
+        return acc + w.to(tl.float32) * x
 
     @triton.jit
     def _fp8_gemv_kernel(q_ptr, s_ptr, w_ptr, ws_ptr, y_ptr, r_ptr, N, K, stride_wn,
                          RESID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         EVICT: tl.constexpr, PDL: tl.constexpr, GLU: tl.constexpr,
-                         PF: tl.constexpr = 0, NT: tl.constexpr = 256, slot_ptr=None,
-                         IN_MAX: tl.constexpr = False, OUT_MAX: tl.constexpr = False):  # fmt: skip
+                         EVICT: tl.constexpr, PDL: tl.constexpr, GLU: tl.constexpr):  # fmt: skip
         # Two weight tiles (GLU: of gate and of up) are requested before the PDL wait, then
         # two per step, both loaded before either is used (run F4: loading the second after
-        # using the first left ptxas issuing it late, 10-19% slower). PF > 0: PF more bytes of
-        # each of its rows are asked of L2 before the wait too. No tile is carried from
+        # using the first left ptxas issuing it late, 10-19% slower). No tile is carried from
         # one step to the next: Triton keeps a carried e4m3 tile one byte per register (it
-        # spilled). q_ptr / s_ptr: the row kernel's codes and scale of f(x); IN_MAX: q_ptr is
-        # the plain input row and slot_ptr holds its max, left by the kernel that wrote it
-        # (no row kernel runs). OUT_MAX: leave max |y| in slot_ptr for the next product. GLU:
-        # w is [2N, K] (gate rows, then up rows); y = silu(gate) * up, rounded as eager.
+        # spilled). q_ptr / s_ptr: the row kernel's codes and scale of f(x). GLU: w is [2N, K]
+        # (gate rows, then up rows); y = silu(gate) * up, rounded as the eager model does.
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
@@ -103,45 +76,32 @@ if triton is not None:
         if GLU:
             ua = tl.load(u_ptrs, mask=w_ok, other=0.0, eviction_policy=EVICT)
             ub = tl.load(u_ptrs + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
-        if PF > 0:
-            _l2_prefetch(w_ptr, pid * BLOCK_N, N, stride_wn, 2 * BLOCK_K, BLOCK_N, PF, NT, 1)
-            if GLU:
-                _l2_prefetch(w_ptr + N * stride_wn, pid * BLOCK_N, N, stride_wn, 2 * BLOCK_K,
-                             BLOCK_N, PF, NT, 1)  # fmt: skip
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
-        if IN_MAX:
-            sx = _row_scale(_take_max(slot_ptr))
-            inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), sx)
-        else:
-            sx = tl.load(s_ptr)
-            inv = sx
-        zero = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        acc = _fma_tile(zero, wa, q_ptr, 0, rk, rn, inv, IN_MAX)
-        acc = _fma_tile(acc, wb, q_ptr, BLOCK_K, rk, rn, inv, IN_MAX)
+        sx = tl.load(s_ptr)
+        acc = _fma_tile(tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32), wa, q_ptr, 0, rk, rn)
+        acc = _fma_tile(acc, wb, q_ptr, BLOCK_K, rk, rn)
         if GLU:
-            up = _fma_tile(zero, ua, q_ptr, 0, rk, rn, inv, IN_MAX)
-            up = _fma_tile(up, ub, q_ptr, BLOCK_K, rk, rn, inv, IN_MAX)
+            up = _fma_tile(tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32), ua, q_ptr, 0, rk, rn)
+            up = _fma_tile(up, ub, q_ptr, BLOCK_K, rk, rn)
         for k0 in range(2 * BLOCK_K, K, 2 * BLOCK_K):
             wa = tl.load(w_ptrs + k0, mask=w_ok, other=0.0, eviction_policy=EVICT)
             wb = tl.load(w_ptrs + k0 + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
             if GLU:
                 ua = tl.load(u_ptrs + k0, mask=w_ok, other=0.0, eviction_policy=EVICT)
                 ub = tl.load(u_ptrs + k0 + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
-            acc = _fma_tile(acc, wa, q_ptr, k0, rk, rn, inv, IN_MAX)
-            acc = _fma_tile(acc, wb, q_ptr, k0 + BLOCK_K, rk, rn, inv, IN_MAX)
+            acc = _fma_tile(_fma_tile(acc, wa, q_ptr, k0, rk, rn), wb, q_ptr, k0 + BLOCK_K, rk, rn)
             if GLU:
-                up = _fma_tile(up, ua, q_ptr, k0, rk, rn, inv, IN_MAX)
-                up = _fma_tile(up, ub, q_ptr, k0 + BLOCK_K, rk, rn, inv, IN_MAX)
+                up = _fma_tile(
+                    _fma_tile(up, ua, q_ptr, k0, rk, rn), ub, q_ptr, k0 + BLOCK_K, rk, rn
+                )
         dt = y_ptr.dtype.element_ty
         y = _scaled(tl.sum(acc, axis=1), sx, ws_ptr, rn, N, dt)
         if GLU:  # the eager rounding: gate and up rounded, silu(gate) rounded, the product
             u = _scaled(tl.sum(up, axis=1), sx, ws_ptr + N, rn, N, dt).to(tl.float32)
             gate = y.to(tl.float32)
             y = ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * u).to(dt)
-        if OUT_MAX:
-            _leave_max(slot_ptr, y, rn < N)
         if RESID:
             r = tl.load(r_ptr + rn, mask=rn < N, other=0.0)
             y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)

@@ -40,14 +40,6 @@ def arrival_counters(owner: str, n: int, device: torch.device) -> torch.Tensor:
     return bufs[-1]
 
 
-def max_slot(name: str, device: torch.device) -> torch.Tensor:
-    """The int32 pair through which a kernel hands the max |value| of the row it wrote to the
-    next product, which quantises that row itself (``fp8_gemv``'s ``in_max``): [0] the max as a
-    float's bits (atomic max), [1] the consumer's arrival count; the consumer's last program
-    zeroes both. One per name and device; made as :func:`arrival_counters` are."""
-    return arrival_counters(f"max:{name}", 2, device)
-
-
 def available() -> bool:
     """True when Triton and a CUDA device are present."""
     return triton is not None and torch.cuda.is_available()
@@ -69,27 +61,10 @@ if triton is not None:
         return x
 
     @triton.jit
-    def _l2_prefetch(w_ptr, row0, N, stride_wn, col0, ROWS: tl.constexpr, PF: tl.constexpr,
-                     NT: tl.constexpr, ES: tl.constexpr):  # fmt: skip
-        # Bulk L2 prefetch (Hopper's copy engine, no registers held) of PF bytes from column
-        # col0 of ROWS rows starting at row0 (ES bytes an element), in NT pieces, one per
-        # thread: fired before the PDL wait, they stream while the kernels before finish.
-        SUB: tl.constexpr = NT // ROWS
-        i = tl.arange(0, NT)
-        rows = tl.minimum(row0 + i // SUB, N - 1)
-        ptrs = w_ptr + rows.to(tl.int64) * stride_wn + col0 + (i % SUB) * (PF // SUB // ES)
-        tl.inline_asm_elementwise(
-            f"cp.async.bulk.prefetch.L2.global [$1], {PF // SUB}; mov.u32 $0, 0;",
-            "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
-
-    @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, y_ptr, g_ptr, r_ptr, N, K, stride_wn, eps,
                      PRO: tl.constexpr, RESID: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
-                     PF: tl.constexpr = 0, NT: tl.constexpr = 128):  # fmt: skip
-        # EVICT: the weights' L2 eviction policy ("evict_first": read once per step). PF > 0:
-        # PF more bytes of each row are asked of L2 (_l2_prefetch) before the PDL wait.
+                     BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+        # EVICT: the weights' L2 eviction policy ("evict_first": read once per step).
         # PRO: 0 plain input; 1 RMSNorm(x) * g; 2 silu(x[:K]) * x[K:]. RESID: y += r.
         # Roundings to the model dtype follow the eager model's op-by-op order.
         dt = y_ptr.dtype.element_ty
@@ -100,10 +75,6 @@ if triton is not None:
         # Weights never change: the first tile is requested before waiting on the previous
         # kernel (programmatic dependent launch), so the next product's stream starts early.
         w0 = tl.load(w_ptrs, mask=w_ok, other=0.0, eviction_policy=EVICT)  # [BN, BK]
-        if PF > 0:
-            ES: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-            _l2_prefetch(w_ptr, tl.program_id(0) * BLOCK_N, N, stride_wn, BLOCK_K, BLOCK_N, PF,
-                         NT, ES)  # fmt: skip
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
@@ -138,14 +109,6 @@ class GemvConfig:
     num_warps: int
     evict: str = "evict_first"  # weights are read once per step: keep L2 for activations
     pdl: bool = True  # programmatic dependent launch: overlap the previous kernel's tail
-    prefetch: int = 0  # bytes of each row asked of L2 before the PDL wait, past the first tile
-
-
-def prefetch_bytes(block_n: int, block_k: int, warps: int, prefetch: int, k_bytes: int) -> int:
-    """The L2 prefetch a GEMV program fires per row (:func:`_l2_prefetch`): at most the row past
-    the tiles it loads (``block_k`` bytes), in 16-byte pieces, one a thread."""
-    piece = 16 * max(1, 32 * warps // block_n)
-    return min(prefetch, k_bytes - block_k) // piece * piece
 
 
 # The fastest of 31 launch shapes per weight shape on one H200 (benchmarks/gemv_sweep.py;
@@ -173,7 +136,7 @@ def gemv_config(n: int, k: int) -> GemvConfig:
         block_k = 1024 if k % 1024 == 0 else 512 if k % 512 == 0 else 256
         cfg = GemvConfig(8 if n >= 8192 else 4, block_k, 4)
     if cfg.pdl and not pdl_supported():
-        cfg = GemvConfig(cfg.block_n, cfg.block_k, cfg.num_warps, cfg.evict, False, cfg.prefetch)
+        cfg = GemvConfig(cfg.block_n, cfg.block_k, cfg.num_warps, cfg.evict, False)
     return cfg
 
 
@@ -207,9 +170,6 @@ def gemv(
         x1, weight, y, x1 if norm is None else norm, res, n, k, weight.stride(0), eps,
         PRO=pro, RESID=residual is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         EVICT=cfg.evict, PDL=cfg.pdl, num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
-        PF=prefetch_bytes(cfg.block_n, cfg.block_k * weight.element_size(), cfg.num_warps,
-                          cfg.prefetch, k * weight.element_size()),
-        NT=32 * cfg.num_warps,
     )  # fmt: skip
     return y.view(*x.shape[:-1], n)
 

@@ -86,12 +86,6 @@ def glu_form(weight: Weight, rows: int, fast: frozenset[tuple[int, int]]) -> boo
     return on_skinny(weight, rows, fast) and skinny_kernel.glu_form(weight, rows)
 
 
-def producer_max(wo: Weight, w13: Weight, w2: Weight, rows: int) -> bool:
-    """Whether a layer's one-row FP8 wo and w2 quantise their inputs themselves from the max
-    the attention and w13's GLU epilogue leave (:func:`fp8_gemv.producer_max`)."""
-    return fp8_gemv.producer_max(wo, w13, w2, rows)
-
-
 def gemv(
     x: torch.Tensor, weight: Weight, fast: frozenset[tuple[int, int]], **fused
 ) -> torch.Tensor:

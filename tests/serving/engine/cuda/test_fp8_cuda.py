@@ -92,64 +92,6 @@ def test_gemv_computes_the_fp8_model(mode):
         assert rel(fp8_gemv.gemv(x, codes, scale, config=cfg, **kw), ref) < 4e-3, cfg
 
 
-@pytest.mark.parametrize("glu", [False, True])
-def test_l2_prefetch_leaves_the_product_bit_for_bit(glu):
-    """The bulk L2 prefetch before the PDL wait moves no data into registers: every launch
-    shape gives the same bits with and without it (rows past N clamp to the last row)."""
-    n, k = 3000, 4096  # 3000: a last program with rows past N
-    codes, scale = fp8_format.quantize_rows(torch.randn(2 * n if glu else n, k, device="cuda"))
-    x = torch.randn(1, k, device="cuda", dtype=BF16)
-    g = torch.randn(k, device="cuda", dtype=BF16)
-    for bn, bk, warps in ([16, 512, 8], [8, 512, 4], [16, 1024, 8], [4, 256, 4]):
-        for pf in (0, 1024, k):
-            cfg = fp8_gemv.replace(fp8_gemv.fp8_gemv_config(n, k), block_n=bn, block_k=bk,
-                                   num_warps=warps, prefetch=pf)  # fmt: skip
-            assert fp8_gemv.prefetch_bytes(cfg, k) % 16 == 0
-        base = fp8_gemv.gemv(x, codes, scale.squeeze(-1), norm=g, glu=glu, config=[bn, bk, warps])
-        for pf in (1024, k):
-            y = fp8_gemv.gemv(x, codes, scale.squeeze(-1), norm=g, glu=glu,
-                              config=[bn, bk, warps, pf])  # fmt: skip
-            assert torch.equal(y, base), (bn, bk, warps, pf)
-
-
-def test_a_producers_max_gives_the_row_kernels_codes():
-    """w13's GLU epilogue and the attention leave their row's max; w2 and wo then quantise that
-    row themselves: the same bits as the row kernel's path, and each slot is zero again after
-    its consumer (so a second launch starts clean)."""
-    from mathagent.serving.engine.cuda import attention
-
-    dev, hid, inter = "cuda", 1024, 2048
-    w13c, w13s = fp8_format.quantize_rows(torch.randn(2 * inter, hid, device=dev))
-    w2c, w2s = fp8_format.quantize_rows(torch.randn(hid, inter, device=dev))
-    woc, wos = fp8_format.quantize_rows(torch.randn(hid, hid, device=dev))
-    g = torch.randn(hid, device=dev, dtype=BF16)
-    h, hkv, d, max_seq = 8, 2, 128, 256
-    freqs = torch.outer(torch.arange(256.0), 1e-4 ** (torch.arange(0, d, 2) / d)).to(dev)
-    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
-    for trial, start in enumerate((3, 200)):  # one stretch; several, merged by the last
-        x = torch.randn(1, 1, hid, device=dev, dtype=BF16) * (trial + 1)
-        r = torch.randn(1, 1, hid, device=dev, dtype=BF16)
-        a0 = fp8_gemv.gemv(x, w13c, w13s.squeeze(-1), norm=g, glu=True)
-        a1 = fp8_gemv.gemv(x, w13c, w13s.squeeze(-1), norm=g, glu=True, out_max="glu")
-        y0 = fp8_gemv.gemv(a0, w2c, w2s.squeeze(-1), residual=r)
-        y1 = fp8_gemv.gemv(a1, w2c, w2s.squeeze(-1), residual=r, in_max="glu")
-        assert torch.equal(a1, a0) and torch.equal(y1, y0)
-        qkv = torch.randn(1, 1, (h + 2 * hkv) * d, device=dev, dtype=BF16)
-        caches = [torch.randn(2, hkv, max_seq, d, device=dev, dtype=BF16) for _ in range(2)]
-        args = (torch.tensor([1], device=dev), torch.tensor([start], device=dev),
-                torch.ones(1, 1, 1, dtype=torch.int8, device=dev),
-                torch.tensor([[start]], device=dev), cos, sin, h)  # fmt: skip
-        o0 = attention.rope_attention(qkv, *[c.clone() for c in caches], *args)
-        o1 = attention.rope_attention(qkv, *caches, *args, amax=True)
-        assert torch.equal(o1, o0)
-        o0, o1 = o0.reshape(1, 1, h * d), o1.reshape(1, 1, h * d)
-        z0 = fp8_gemv.gemv(o0, woc, wos.squeeze(-1), residual=r)
-        z1 = fp8_gemv.gemv(o1, woc, wos.squeeze(-1), residual=r, in_max="attention")
-        assert torch.equal(z1, z0)
-        for name in ("glu", "attention"):
-            assert cuda_kernels.max_slot(name, x.device)[:2].tolist() == [0, 0]
-
-
 def test_tensor_core_rows_compute_the_fp8_model():
     codes, scale = fp8_format.quantize_rows(torch.randn(6144, 4096, device="cuda"))
     for m in (2, 5, 16, 64, 300):
