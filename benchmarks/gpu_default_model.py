@@ -95,6 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--probe-budget", type=float,
                        help="share of plain time the draft-length policy's probes may cost "
                             "(spec_decode.policy._BUDGET)")  # fmt: skip
+    group.add_argument("--policy-trace", action="store_true",
+                       help="record the auto policy's calls in order (choose, observed, "
+                            "caught_up, accepted), each with the fused steps claimed so far")  # fmt: skip
     group.add_argument("--fused-table", help="fused_rows_sweep.py --table-out JSON: these "
                        "launch shapes replace cuda/skinny.py FUSED_CONFIGS")  # fmt: skip
 
@@ -199,6 +202,8 @@ def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str]
     modes = ["auto", "fixed"] if args.default_policy == "both" else [args.default_policy]
     methods = ["none"] + [f"{m}@{mode}" for m in spec for mode in modes]
     policies = {m: DraftPolicy(args.default_draft_len, m.endswith("@auto")) for m in methods}
+    traces = {m: trace_policy(policies[m], lambda m=m: _claimed(engine, m)) for m in methods
+              if m.endswith("@auto") and getattr(args, "policy_trace", False)}  # fmt: skip
     totals = {m: {"tokens": 0, "seconds": 0.0, "wall": 0.0, "ahead": 0, "all_tokens": 0}
               for m in methods}  # fmt: skip
     stats = {m: SpecStats() for m in methods}
@@ -249,7 +254,26 @@ def time_methods(engine: LLMEngine, args: argparse.Namespace, prompts: list[str]
                     if place != "prefill"
                 )
     return {"methods": methods, "totals": totals, "stats": stats, "outputs": outputs,
-            "timelines": timelines, "policies": policies}  # fmt: skip
+            "timelines": timelines, "policies": policies, "traces": traces}  # fmt: skip
+
+
+def trace_policy(policy: DraftPolicy, claimed) -> list[list]:
+    """Record ``policy``'s calls in order, in place: [name, its arguments (seconds in ms), and
+    for choose its answer and the fused steps claimed so far]; a probe of where the auto
+    policy's inputs come from (which steps it times, after what, launched ahead or not). Its own
+    host work (microseconds a call) falls into the steps the policy times."""
+    events: list[list] = []
+    for name in ("choose", "observed", "caught_up", "accepted"):
+        real = getattr(policy, name)
+
+        def wrapped(*a, _real=real, _name=name):
+            out = _real(*a)
+            args = [round(1e3 * x, 4) if isinstance(x, float) else x for x in a]
+            events.append([_name, *args, *([out, claimed()] if _name == "choose" else [])])
+            return out
+
+        setattr(policy, name, wrapped)
+    return events
 
 
 def _generate(engine: LLMEngine, prompts: list[str], params: SamplingParams,
@@ -339,6 +363,8 @@ def report(engine: LLMEngine, args: argparse.Namespace, prompts: list[str], time
             }
         if method.endswith("@auto"):  # what the policy measured: its step ms per (bucket, k)
             entry["policy"] = timed["policies"][method].describe()
+            if method in timed.get("traces", {}):
+                entry["policy_trace"] = timed["traces"][method]
         kind, at, mode = method.partition("@")
         out["methods"][kind.split(":")[0] + at + mode] = entry
     return out
