@@ -97,7 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "(spec_decode.policy._BUDGET)")  # fmt: skip
     group.add_argument("--policy-trace", action="store_true",
                        help="record the auto policy's calls in order (choose, observed, "
-                            "caught_up, accepted), each with the fused steps claimed so far")  # fmt: skip
+                            "caught_up, accepted); each choice with the fused steps claimed "
+                            "so far")  # fmt: skip
     group.add_argument("--fused-table", help="fused_rows_sweep.py --table-out JSON: these "
                        "launch shapes replace cuda/skinny.py FUSED_CONFIGS")  # fmt: skip
 
