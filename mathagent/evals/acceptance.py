@@ -13,6 +13,10 @@ by every read, so the meter polls them while the run goes on and sums them.
 TensorRT-LLM's pytorch backend keeps those stats only with ``enable_iter_perf_stats: true`` in
 the LLM API YAML (``mathagent serve --iter-stats``). :func:`read_acceptance` is the one-shot
 reading: the iterations since the previous read, so call it after the workload.
+
+The embedded engine also counts its draft-length policy's choices
+(``mathagent_spec_policy_steps_total{batch_bucket, draft_len}``); the meter keeps their change
+over the run, so a table row says how many of its steps drafted, and how far.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from dataclasses import dataclass
 import httpx
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+_POLICY_STEPS = "spec_policy_steps_total"
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,34 @@ def parse_prometheus(text: str) -> SpecCounters | None:
     # The plainest name (``mathagent_acceptance_length``) is the whole engine's figure.
     gauge = gauges[min(gauges, key=len)] if gauges else None
     return SpecCounters(tokens, tokens / gauge) if gauge else None
+
+
+def parse_policy_steps(text: str) -> dict[tuple[int, int], float]:
+    """The draft-length policy's step counts by (batch bucket, draft length; 0 is plain)."""
+    steps: dict[tuple[int, int], float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or not match.group(1).endswith(_POLICY_STEPS):
+            continue
+        labels = dict(_LABEL.findall(match.group(2) or ""))
+        try:
+            key = (int(labels["batch_bucket"]), int(labels["draft_len"]))
+        except (KeyError, ValueError):
+            continue
+        steps[key] = steps.get(key, 0.0) + float(match.group(3))
+    return steps
+
+
+def policy_steps_between(
+    start: dict[tuple[int, int], float], end: dict[tuple[int, int], float]
+) -> dict[str, dict[str, int]]:
+    """Steps taken between two readings, as JSON: {batch bucket: {draft length: steps}}."""
+    taken: dict[str, dict[str, int]] = {}
+    for (bucket, k), n in sorted(end.items()):
+        delta = round(n - start.get((bucket, k), 0.0))
+        if delta > 0:
+            taken.setdefault(str(bucket), {})[str(k)] = delta
+    return taken
 
 
 _COUNTERS = (
@@ -169,7 +203,8 @@ class AcceptanceMeter:
     """Measures a server's acceptance length over a stretch of work.
 
     ``async with AcceptanceMeter(url) as meter: ...`` then ``meter.acceptance_length``
-    (None when the server reports no speculative-decoding stats).
+    (None when the server reports no speculative-decoding stats) and ``meter.policy_steps``
+    (the embedded engine's policy choices over the run; None from other servers).
     """
 
     def __init__(self, base_url: str, poll_s: float = 2.0, timeout_s: float = 5.0) -> None:
@@ -180,10 +215,14 @@ class AcceptanceMeter:
         self._polled = SpecCounters()
         self._is_json = False
         self._task: asyncio.Task[None] | None = None
+        self._steps_start: dict[tuple[int, int], float] = {}
+        self._steps_end: dict[tuple[int, int], float] = {}
         self.acceptance_length: float | None = None
+        self.policy_steps: dict[str, dict[str, int]] | None = None
 
     async def __aenter__(self) -> AcceptanceMeter:
         self._start = await self._read()
+        self._steps_start = self._steps_end
         if self._is_json:
             self._polled = SpecCounters()  # the first read only drained older iterations
             self._task = asyncio.create_task(self._poll())
@@ -199,6 +238,8 @@ class AcceptanceMeter:
             self.acceptance_length = self._polled.acceptance_length
         elif end is not None and self._start is not None:
             self.acceptance_length = (end - self._start).acceptance_length
+        if self._steps_end:
+            self.policy_steps = policy_steps_between(self._steps_start, self._steps_end)
         await self._client.aclose()
 
     async def _poll(self) -> None:
@@ -222,4 +263,5 @@ class AcceptanceMeter:
             if counters is not None:
                 self._polled += counters
             return counters
+        self._steps_end = parse_policy_steps(response.text)
         return parse_prometheus(response.text)

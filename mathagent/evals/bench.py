@@ -148,7 +148,10 @@ async def bench_endpoint(
             t0 = time.perf_counter()
             stats = await asyncio.gather(*(one(p) for p in problems))
             wall = time.perf_counter() - t0
-    return _row(endpoint, model, stats, wall, meter.acceptance_length), list(stats)
+    row = _row(endpoint, model, stats, wall, meter.acceptance_length)
+    if meter.policy_steps is not None:
+        row["policy_steps"] = meter.policy_steps  # the embedded engine's draft lengths chosen
+    return row, list(stats)
 
 
 def _row(

@@ -8,9 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from mathagent.evals.acceptance import AcceptanceMeter, parse_prometheus, parse_trtllm
+from mathagent.evals.acceptance import (
+    AcceptanceMeter,
+    parse_policy_steps,
+    parse_prometheus,
+    parse_trtllm,
+    policy_steps_between,
+)
 from mathagent.evals.bench import BenchConfig, BenchError, Endpoint, run_bench
 from mathagent.evals.datasets import Problem
+from mathagent.serving.metrics import ServerMetrics
 from tests.evals.fake_openai import serve
 
 PROBLEMS = [Problem(f"q{i}", f"What is {i} + {i}?", str(2 * i)) for i in range(6)]
@@ -33,6 +40,7 @@ async def test_bench_table_over_two_endpoints(server: str, tmp_path: Path):
         assert row["acceptance_length"] == pytest.approx(2.5)
         assert 0 < row["ttft_s"] < row["total_generation_s"]
         assert row["batch_tokens_per_s"] > 0 and row["per_request_tokens_per_s"] > 0
+        assert "policy_steps" not in row  # only the embedded engine counts its policy's steps
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["rows"][0]["name"] == "plain"
     assert len((tmp_path / "plain.jsonl").read_text().splitlines()) == 6
@@ -53,6 +61,17 @@ async def test_meter_without_spec_stats_reports_none():
     async with AcceptanceMeter("http://127.0.0.1:9") as meter:
         pass
     assert meter.acceptance_length is None
+
+
+def test_policy_steps_as_the_engine_exports_them():
+    """Parsed from ServerMetrics' own exposition (prometheus-client), and differenced."""
+    counts = {(1, 0): 7, (1, 4): 30, (8, 3): 2}
+    text = ServerMetrics("m", policy_steps=lambda: dict(counts)).render()
+    assert parse_policy_steps(text) == counts
+    assert parse_policy_steps('mathagent_spec_policy_steps_total{draft_len="x"} 3\n') == {}
+    later = {**counts, (1, 4): 45, (16, 0): 1}
+    assert policy_steps_between(counts, later) == {"1": {"4": 15}, "16": {"0": 1}}
+    assert ServerMetrics("m").render().count("policy") == 0
 
 
 def test_parsers():

@@ -6,6 +6,7 @@ import httpx
 import openai
 import pytest
 
+from mathagent.evals.acceptance import AcceptanceMeter, parse_policy_steps, policy_steps_between
 from mathagent.serving.embedded import EmbeddedServer
 
 PROMPT = "1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2,"
@@ -51,6 +52,26 @@ def test_request_field_selects_the_method_and_reports_acceptance(base_url, engin
     }
     assert sum(n for labels, n in steps.items() if 'batch_bucket="1"' in labels) >= stats["steps"]
     assert any('draft_len="0"' not in labels for labels in steps)
+
+
+async def test_the_bench_meter_reads_the_policy_steps_of_its_run(base_url, engine) -> None:
+    """``mathagent bench``'s meter: this run's choices, none from the requests before it."""
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key="EMPTY", max_retries=0)
+    await client.completions.create(
+        model=engine.model_name, prompt=PROMPT, max_tokens=6, temperature=0,
+        extra_body={"speculative": "ngram"},
+    )  # fmt: skip
+    before = parse_policy_steps(httpx.get(f"{base_url}/metrics").text)
+    async with AcceptanceMeter(base_url) as meter:
+        spec = await client.completions.create(
+            model=engine.model_name, prompt=PROMPT, max_tokens=12, temperature=0,
+            extra_body={"speculative": "ngram"},
+        )  # fmt: skip
+    after = parse_policy_steps(httpx.get(f"{base_url}/metrics").text)
+    assert meter.policy_steps == policy_steps_between(before, after)
+    steps = spec.model_extra["speculative"]["steps"]
+    assert sum(meter.policy_steps["1"].values()) >= steps
+    assert set(meter.policy_steps) == {"1"}
 
 
 def test_unknown_method_is_400(base_url) -> None:
