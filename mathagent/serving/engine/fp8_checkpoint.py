@@ -13,7 +13,10 @@ The codes load as they are (no round trip through bfloat16): a per-tensor scale 
 same value on each of the tensor's rows, which is exact. Fused q/k/v and gate/up tensors
 concatenate their parts' rows and scales. Activations are quantised per token on the fly
 (the engine's one FP8 model, :mod:`~mathagent.serving.engine.fp8_format`); a static
-``input_scale`` is checked and not used.
+``input_scale`` is checked and not used. The KV cache stays in the model dtype, as vLLM's
+``kv_cache_dtype="auto"`` keeps it: ``kv_cache_quant_algo`` and ``k_scale`` / ``v_scale`` are
+not read. Checked against checkpoints the producers wrote themselves (ModelOpt 0.47.0,
+llm-compressor 0.14.0.1: ``tests/serving/engine/fixtures/fp8``).
 """
 
 from __future__ import annotations

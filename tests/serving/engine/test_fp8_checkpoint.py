@@ -123,17 +123,17 @@ def test_published_fp8_layouts_load_their_codes_exactly(tmp_path, layout):
     assert torch.corrcoef(torch.stack([ours.flatten(), ref.flatten()]))[0, 1] > 0.99
 
 
-def _logits(model, tokens):
+def _logits(model, tokens, dtype=BF16):
     from mathagent.serving.engine.kv_cache import KVCache
     from mathagent.serving.engine.model import ForwardContext, rope_table
 
     args = model.args
-    cache = KVCache(args.num_layers, 1, args.num_kv_heads, 64, args.head_dim, BF16, CPU)
+    cache = KVCache(args.num_layers, 1, args.num_kv_heads, 64, args.head_dim, dtype, CPU)
     cos, sin = rope_table(args, 64)
     pos = torch.arange(tokens.shape[1])[None]
     ctx = ForwardContext(cache=cache, rows=cache.rows([0], pos, tokens.shape[1]), attn_mask=None,
-                         is_causal=True, cos=cos.to(BF16)[pos][:, :, None],
-                         sin=sin.to(BF16)[pos][:, :, None])  # fmt: skip
+                         is_causal=True, cos=cos.to(dtype)[pos][:, :, None],
+                         sin=sin.to(dtype)[pos][:, :, None])  # fmt: skip
     return model.logits(model(tokens, ctx))[0].float()
 
 
