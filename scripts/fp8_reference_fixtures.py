@@ -83,8 +83,16 @@ def compressed_tensors(work: Path) -> dict[str, torch.Tensor]:
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from tokenizers import Tokenizer, models
 
+    # folder -> (scheme, layers left unquantised beside lm_head)
+    exports = {
+        "fp8_dynamic": ("FP8_DYNAMIC", []),
+        "fp8": ("FP8", []),
+        "fp8_block": ("FP8_BLOCK", []),
+        "fp8_dynamic_ignore_down": ("FP8_DYNAMIC", ["re:.*down_proj"]),  # a mixed checkpoint
+        "fp8_dynamic_ignore_k": ("FP8_DYNAMIC", ["re:.*k_proj"]),  # q/k/v parts differ
+    }
     base, out = base_model(work), {}
-    for scheme in ("FP8_DYNAMIC", "FP8", "FP8_BLOCK"):
+    for label, (scheme, ignore) in exports.items():
         model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
         kwargs = {}
         if scheme == "FP8":  # static input scales: calibrated on random tokens
@@ -101,13 +109,12 @@ def compressed_tensors(work: Path) -> dict[str, torch.Tensor]:
             data = Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 16] * 8})
             kwargs = dict(processor=tokenizer, dataset=data, num_calibration_samples=8,
                           max_seq_length=16)  # fmt: skip
-        recipe = QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])
+        recipe = QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head", *ignore])
         oneshot(model=model.eval(), recipe=recipe, **kwargs)
-        saved = work / scheme.lower()
-        model.save_pretrained(saved, save_compressed=True)
-        name = f"compressed-tensors/{scheme.lower()}"
-        keep_files(saved, OUT / name)
-        if scheme != "FP8_BLOCK":  # the engine refuses blocks; no logits to compare
+        model.save_pretrained(work / label, save_compressed=True)
+        name = f"compressed-tensors/{label}"
+        keep_files(work / label, OUT / name)
+        if scheme != "FP8_BLOCK":  # its 128-wide activation groups do not fit hidden 64
             reloaded = transformers.AutoModelForCausalLM.from_pretrained(
                 OUT / name, dtype=torch.float32
             ).eval()

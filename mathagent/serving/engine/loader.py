@@ -196,11 +196,22 @@ def _read_state_dict(folder: Path, dtype: torch.dtype) -> dict[str, torch.Tensor
                 parts[part] = _as_loaded(name, f.get_tensor(key), dtype)
                 # Fuse as soon as a tensor is whole, so its parts never outlive it (load peak).
                 if len(parts) == _FUSED_PARTS.get(name.split(".")[-2], 1):
-                    state[name] = torch.cat([parts[i] for i in sorted(parts)], dim=0)
+                    state[name] = _fuse(folder, name, [parts[i] for i in sorted(parts)])
                     del pieces[name]
     if pieces:
         raise ModelLoadError(f"{folder}: incomplete fused weights {sorted(pieces)[:5]}")
     return state
+
+
+def _fuse(folder: Path, name: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    """One engine tensor from its HF parts, which must share one storage (FP8 or not)."""
+    if len({part.dtype for part in parts}) > 1:
+        dtypes = ", ".join(str(part.dtype).removeprefix("torch.") for part in parts)
+        raise fp8_checkpoint.Fp8CheckpointError(
+            f"{folder}: the parts of {name} (q/k/v or gate/up, fused into one product) are "
+            f"stored as {dtypes}; quantise all of them or none (vLLM refuses such a checkpoint too)"
+        )
+    return torch.cat(parts, dim=0)
 
 
 def _as_loaded(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -42,6 +42,11 @@ LOADABLE = [
     "modelopt/fp8_per_channel",  # FP8_PER_CHANNEL_PER_TOKEN
     "modelopt/fp8_default_kv",  # + k_scale / v_scale, kv_cache_quant_algo FP8
 ]
+QUANTISED = {name: FUSED for name in LOADABLE}
+# the down projections left in bf16 (ignore "re:.*down_proj"): those stay plain linears
+QUANTISED["compressed-tensors/fp8_dynamic_ignore_down"] = {
+    k: v for k, v in FUSED.items() if k != "feed_forward.w2"
+}
 
 
 def _load(name: str, dtype: torch.dtype = F32):
@@ -53,12 +58,12 @@ def _tokens() -> torch.Tensor:
     return torch.tensor([json.loads((FIXTURES / "provenance.json").read_text())["tokens"]])
 
 
-@pytest.mark.parametrize("name", LOADABLE)
+@pytest.mark.parametrize("name", list(QUANTISED))
 def test_codes_and_scales_load_as_the_producer_wrote_them(name):
     model = _load(name)
     written = load_file(str(FIXTURES / name / "model.safetensors"))
     for i, layer in enumerate(model.layers):
-        for engine, parts in FUSED.items():
+        for engine, parts in QUANTISED[name].items():
             linear = layer.get_submodule(engine)
             keys = [f"model.layers.{i}.{part}" for part in parts]
             codes = torch.cat([written[f"{k}.weight"] for k in keys])
@@ -69,14 +74,21 @@ def test_codes_and_scales_load_as_the_producer_wrote_them(name):
                 for k in keys
             ])  # fmt: skip
             assert torch.equal(linear.weight_scale, scales)
+        for engine in FUSED.keys() - QUANTISED[name].keys():  # left unquantised
+            plain = layer.get_submodule(engine)
+            assert type(plain) is torch.nn.Linear
+            (part,) = FUSED[engine]  # unfused ones only, here
+            assert torch.equal(plain.weight, written[f"model.layers.{i}.{part}.weight"].float())
     head = written["lm_head.weight"]
     assert type(model.output) is torch.nn.Linear and torch.equal(model.output.weight, head.float())
 
 
-def test_dynamic_per_token_activations_compute_what_compressed_tensors_computes():
+@pytest.mark.parametrize(
+    "name", ["compressed-tensors/fp8_dynamic", "compressed-tensors/fp8_dynamic_ignore_down"]
+)
+def test_dynamic_per_token_activations_compute_what_compressed_tensors_computes(name):
     """FP8_DYNAMIC (the "FP8-dynamic" models): same codes, same per-token activation rule, so
     the float32 forwards agree to rounding; weights dequantised alone would be ~0.24 off."""
-    name = "compressed-tensors/fp8_dynamic"
     reference = load_file(str(FIXTURES / "reference_logits.safetensors"))[name]
     ours = _logits(_load(name), _tokens(), F32)
     torch.testing.assert_close(ours, reference, rtol=0, atol=1e-4)
@@ -110,6 +122,10 @@ def test_kv_cache_scales_are_not_read():
         str(FIXTURES / "modelopt/fp8_default_kv/model.safetensors")))  # fmt: skip
 
 
-def test_block_scales_are_refused_by_name():
+def test_block_scales_and_half_quantised_fused_products_are_refused_by_name():
     with pytest.raises(Fp8CheckpointError, match="strategy 'block'"):
         _load("compressed-tensors/fp8_block", torch.bfloat16)
+    # k_proj left in bf16, q_proj and v_proj FP8: one fused q/k/v product cannot be both
+    with pytest.raises(Fp8CheckpointError, match=r"layers\.0\.attention\.wqkv\.weight .*"
+                       r"float8_e4m3fn, bfloat16, float8_e4m3fn"):  # fmt: skip
+        _load("compressed-tensors/fp8_dynamic_ignore_k", torch.bfloat16)
