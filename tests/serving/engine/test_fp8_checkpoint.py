@@ -123,14 +123,15 @@ def test_published_fp8_layouts_load_their_codes_exactly(tmp_path, layout):
     assert torch.corrcoef(torch.stack([ours.flatten(), ref.flatten()]))[0, 1] > 0.99
 
 
-def _logits(model, tokens, dtype=BF16):
+def _logits(model, tokens, dtype=BF16, device=CPU):
     from mathagent.serving.engine.kv_cache import KVCache
     from mathagent.serving.engine.model import ForwardContext, rope_table
 
     args = model.args
-    cache = KVCache(args.num_layers, 1, args.num_kv_heads, 64, args.head_dim, dtype, CPU)
-    cos, sin = rope_table(args, 64)
-    pos = torch.arange(tokens.shape[1])[None]
+    cache = KVCache(args.num_layers, 1, args.num_kv_heads, 64, args.head_dim, dtype, device)
+    cos, sin = (t.to(device) for t in rope_table(args, 64))
+    tokens = tokens.to(device)
+    pos = torch.arange(tokens.shape[1], device=device)[None]
     ctx = ForwardContext(cache=cache, rows=cache.rows([0], pos, tokens.shape[1]), attn_mask=None,
                          is_causal=True, cos=cos.to(dtype)[pos][:, :, None],
                          sin=sin.to(dtype)[pos][:, :, None])  # fmt: skip
