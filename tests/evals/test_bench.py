@@ -17,6 +17,7 @@ from mathagent.evals.acceptance import (
 )
 from mathagent.evals.bench import BenchConfig, BenchError, Endpoint, run_bench
 from mathagent.evals.datasets import Problem
+from mathagent.evals.report.bench_page import bench_body, policy_cell
 from mathagent.serving.metrics import ServerMetrics
 from tests.evals.fake_openai import serve
 
@@ -72,6 +73,17 @@ def test_policy_steps_as_the_engine_exports_them():
     later = {**counts, (1, 4): 45, (16, 0): 1}
     assert policy_steps_between(counts, later) == {"1": {"4": 15}, "16": {"0": 1}}
     assert ServerMetrics("m").render().count("policy") == 0
+
+
+def test_the_report_shows_what_the_policy_chose():
+    row = {"name": "eagle3", "per_request_tokens_per_s": 9.0, "per_request_tokens_per_s_sd": 1.0,
+           "batch_tokens_per_s": 9.0, "ttft_s": 0.1,
+           "acceptance_length": 2.0, "policy_steps": {"1": {"4": 300, "0": 290}}}  # fmt: skip
+    page = bench_body({"rows": [row, {**row, "name": "plain", "policy_steps": None}]})
+    assert "policy steps" in page and "plain 290 · k4 300" in page and "n/a" in page
+    assert policy_cell({"16": {"3": 5}, "2": {"0": 1}}) == "b2: plain 1; b16: k3 5"
+    other = {k: v for k, v in row.items() if k != "policy_steps"}  # a server other than ours
+    assert "policy steps" not in bench_body({"rows": [other]})
 
 
 def test_parsers():
