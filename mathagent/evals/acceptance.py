@@ -16,7 +16,8 @@ reading: the iterations since the previous read, so call it after the workload.
 
 The embedded engine also counts its draft-length policy's choices
 (``mathagent_spec_policy_steps_total{batch_bucket, draft_len}``); the meter keeps their change
-over the run, so a table row says how many of its steps drafted, and how far.
+over the run, so a table row says how many of its steps drafted, and how far, and at the end
+the costs the policy then judged each step shape by (``*_spec_policy_step_seconds``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import httpx
 _SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 _POLICY_STEPS = "spec_policy_steps_total"
+_POLICY_SECONDS = "spec_policy_step_seconds"
 
 
 @dataclass(frozen=True)
@@ -81,12 +83,13 @@ def parse_prometheus(text: str) -> SpecCounters | None:
     return SpecCounters(tokens, tokens / gauge) if gauge else None
 
 
-def parse_policy_steps(text: str) -> dict[tuple[int, int], float]:
-    """The draft-length policy's step counts by (batch bucket, draft length; 0 is plain)."""
+def parse_policy_steps(text: str, suffix: str = _POLICY_STEPS) -> dict[tuple[int, int], float]:
+    """The draft-length policy's step counts by (batch bucket, draft length; 0 is plain); with
+    ``suffix`` another of its samples labelled the same way (``spec_policy_step_seconds``)."""
     steps: dict[tuple[int, int], float] = {}
     for line in text.splitlines():
         match = _SAMPLE.match(line)
-        if match is None or not match.group(1).endswith(_POLICY_STEPS):
+        if match is None or not match.group(1).endswith(suffix):
             continue
         labels = dict(_LABEL.findall(match.group(2) or ""))
         try:
@@ -95,6 +98,14 @@ def parse_policy_steps(text: str) -> dict[tuple[int, int], float]:
             continue
         steps[key] = steps.get(key, 0.0) + float(match.group(3))
     return steps
+
+
+def policy_step_ms(text: str) -> dict[str, dict[str, float]]:
+    """The policy's step-cost estimates now, as JSON: {batch bucket: {draft length: ms}}."""
+    found: dict[str, dict[str, float]] = {}
+    for (bucket, k), seconds in sorted(parse_policy_steps(text, _POLICY_SECONDS).items()):
+        found.setdefault(str(bucket), {})[str(k)] = round(1e3 * seconds, 4)
+    return found
 
 
 def policy_steps_between(
@@ -203,8 +214,9 @@ class AcceptanceMeter:
     """Measures a server's acceptance length over a stretch of work.
 
     ``async with AcceptanceMeter(url) as meter: ...`` then ``meter.acceptance_length``
-    (None when the server reports no speculative-decoding stats) and ``meter.policy_steps``
-    (the embedded engine's policy choices over the run; None from other servers).
+    (None when the server reports no speculative-decoding stats), ``meter.policy_steps`` (the
+    embedded engine's policy choices over the run) and ``meter.policy_step_ms`` (its step-cost
+    estimates at the end); both None from other servers.
     """
 
     def __init__(self, base_url: str, poll_s: float = 2.0, timeout_s: float = 5.0) -> None:
@@ -219,6 +231,8 @@ class AcceptanceMeter:
         self._steps_end: dict[tuple[int, int], float] = {}
         self.acceptance_length: float | None = None
         self.policy_steps: dict[str, dict[str, int]] | None = None
+        self.policy_step_ms: dict[str, dict[str, float]] | None = None
+        self._text = ""  # the last Prometheus scrape
 
     async def __aenter__(self) -> AcceptanceMeter:
         self._start = await self._read()
@@ -240,6 +254,7 @@ class AcceptanceMeter:
             self.acceptance_length = (end - self._start).acceptance_length
         if self._steps_end:
             self.policy_steps = policy_steps_between(self._steps_start, self._steps_end)
+            self.policy_step_ms = policy_step_ms(self._text)
         await self._client.aclose()
 
     async def _poll(self) -> None:
@@ -263,5 +278,6 @@ class AcceptanceMeter:
             if counters is not None:
                 self._polled += counters
             return counters
+        self._text = response.text
         self._steps_end = parse_policy_steps(response.text)
         return parse_prometheus(response.text)

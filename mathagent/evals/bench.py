@@ -149,8 +149,9 @@ async def bench_endpoint(
             stats = await asyncio.gather(*(one(p) for p in problems))
             wall = time.perf_counter() - t0
     row = _row(endpoint, model, stats, wall, meter.acceptance_length)
-    if meter.policy_steps is not None:
-        row["policy_steps"] = meter.policy_steps  # the embedded engine's draft lengths chosen
+    if meter.policy_steps is not None:  # the embedded engine's draft lengths chosen, and the
+        row["policy_steps"] = meter.policy_steps  # step costs it judged them by at the end
+        row["policy_step_ms"] = meter.policy_step_ms
     return row, list(stats)
 
 

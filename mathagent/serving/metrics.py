@@ -3,15 +3,14 @@
 The engine thread counts finished requests here (:meth:`ServerMetrics.observe`); a scrape
 builds the metric families from those totals (a collector on a registry of its own, so derived
 gauges such as acceptance length are computed when read and no global registry is involved).
-The draft-length policy's choices are read from it at each scrape (a copy of its counts, taken
-under the GIL).
+The draft-length policy's choices, step-cost estimates and expected tokens are read from it at
+each scrape (copies of its dicts, each taken in one operation under the GIL).
 """
 
 from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -22,6 +21,7 @@ from prometheus_client.core import (
 )
 
 from mathagent.serving.engine.sequence import RequestOutput
+from mathagent.serving.engine.spec_decode.policy import DraftPolicy
 from mathagent.serving.engine.spec_decode.stats import SpecStats
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -30,11 +30,9 @@ _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 class ServerMetrics:
     """Counters fed by finished requests; ``render`` gives the ``/metrics`` body."""
 
-    def __init__(
-        self, model_name: str, policy_steps: Callable[[], dict[tuple[int, int], int]] | None = None
-    ) -> None:
+    def __init__(self, model_name: str, policy: DraftPolicy | None = None) -> None:
         self.model_name = model_name
-        self._policy_steps = policy_steps  # the policy's choices per (bucket, draft length)
+        self._policy = policy  # its choices and step costs per (bucket, draft length)
         self._lock = threading.Lock()
         self.requests = {"stop": 0, "length": 0, "abort": 0}
         self.prompt_tokens = 0
@@ -95,16 +93,31 @@ class ServerMetrics:
             ]  # fmt: skip
 
     def _policy_families(self) -> list[Metric]:
-        if self._policy_steps is None:
+        if self._policy is None:
             return []
-        family = CounterMetricFamily(
+        labels = ["model_name", "batch_bucket", "draft_len"]
+        steps = CounterMetricFamily(
             "mathagent_spec_policy_steps",
             "Decode steps the draft-length policy chose, by batch bucket and draft length (0: plain).",
-            labels=["model_name", "batch_bucket", "draft_len"],
+            labels=labels,
         )
-        for (b, k), n in sorted(self._policy_steps().items()):
-            family.add_metric([self.model_name, str(b), str(k)], n)
-        return [family]
+        for (b, k), n in sorted(dict(self._policy.choices).items()):
+            steps.add_metric([self.model_name, str(b), str(k)], n)
+        # what it judges on now: each step shape's timed cost, and tokens a drafting step commits
+        seconds = GaugeMetricFamily(
+            "mathagent_spec_policy_step_seconds",
+            "The draft-length policy's cost estimate of a step, by batch bucket and draft length.",
+            labels=labels,
+        )
+        for (b, k), t in sorted(self._policy.step_seconds().items()):
+            seconds.add_metric([self.model_name, str(b), str(k)], t)
+        expected = _gauge(
+            "spec_policy_expected_tokens",
+            "Tokens per row the policy expects a step at the full draft length to commit.",
+            self.model_name,
+            self._policy.expected_tokens(self._policy.max_len),
+        )
+        return [steps, seconds, expected]
 
     def _ttft_histogram(self) -> HistogramMetricFamily:
         family = HistogramMetricFamily(

@@ -13,11 +13,13 @@ from mathagent.evals.acceptance import (
     parse_policy_steps,
     parse_prometheus,
     parse_trtllm,
+    policy_step_ms,
     policy_steps_between,
 )
 from mathagent.evals.bench import BenchConfig, BenchError, Endpoint, run_bench
 from mathagent.evals.datasets import Problem
 from mathagent.evals.report.bench_page import bench_body, policy_cell
+from mathagent.serving.engine.spec_decode.policy import DraftPolicy
 from mathagent.serving.metrics import ServerMetrics
 from tests.evals.fake_openai import serve
 
@@ -64,12 +66,26 @@ async def test_meter_without_spec_stats_reports_none():
     assert meter.acceptance_length is None
 
 
-def test_policy_steps_as_the_engine_exports_them():
-    """Parsed from ServerMetrics' own exposition (prometheus-client), and differenced."""
-    counts = {(1, 0): 7, (1, 4): 30, (8, 3): 2}
-    text = ServerMetrics("m", policy_steps=lambda: dict(counts)).render()
-    assert parse_policy_steps(text) == counts
+def test_policy_figures_as_the_engine_exports_them():
+    """Parsed from ServerMetrics' own exposition (prometheus-client) of a real DraftPolicy."""
+    policy = DraftPolicy(max_len=4)
+    for _ in range(12):  # plain and speculative steps, each timed, as the speculator does
+        k = policy.choose(1)
+        policy.observed(1, k, 0.001 * (1 + k))
+        if k:
+            policy.accepted(1, [2])
+    text = ServerMetrics("m", policy).render()
+    assert parse_policy_steps(text) == dict(policy.choices) and policy.choices
+    ms, timed = policy_step_ms(text), policy.step_seconds()
+    assert timed and {(int(b), int(k)) for b in ms for k in ms[b]} == set(timed)
+    for (b, k), t in timed.items():
+        assert ms[str(b)][str(k)] == round(1e3 * t, 4)
+    assert (
+        f'mathagent_spec_policy_expected_tokens{{model_name="m"}} {policy.expected_tokens(4)}'
+        in text
+    )
     assert parse_policy_steps('mathagent_spec_policy_steps_total{draft_len="x"} 3\n') == {}
+    counts = {(1, 0): 7, (1, 4): 30, (8, 3): 2}
     later = {**counts, (1, 4): 45, (16, 0): 1}
     assert policy_steps_between(counts, later) == {"1": {"4": 15}, "16": {"0": 1}}
     assert ServerMetrics("m").render().count("policy") == 0

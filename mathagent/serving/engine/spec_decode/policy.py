@@ -407,6 +407,11 @@ class DraftPolicy:
             hits = sum(1 for a in accepted if a > i)
             self._accepted[i] = _DECAY * self._accepted[i] + hits
 
+    def step_seconds(self) -> dict[tuple[int, int], float]:
+        """The step costs it judges on now, per (bucket, draft length): ready estimates only
+        (read by the server's scrape in another thread: the dict is copied first, in one op)."""
+        return {key: shape.seconds for key, shape in dict(self._shapes).items() if shape.ready}
+
     def describe(self) -> dict:
         """What it measured, per bucket (for benchmarks): step ms, cost ratio, ceiling, gap."""
         out = {}
