@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -30,9 +31,10 @@ _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 class ServerMetrics:
     """Counters fed by finished requests; ``render`` gives the ``/metrics`` body."""
 
-    def __init__(self, model_name: str, policy: DraftPolicy | None = None) -> None:
+    def __init__(self, model_name: str, policy: Callable[[], DraftPolicy] | None = None) -> None:
         self.model_name = model_name
-        self._policy = policy  # its choices and step costs per (bucket, draft length)
+        # the engine's policy at scrape time (a benchmark may swap it after the app is made)
+        self._policy = policy
         self._lock = threading.Lock()
         self.requests = {"stop": 0, "length": 0, "abort": 0}
         self.prompt_tokens = 0
@@ -95,13 +97,14 @@ class ServerMetrics:
     def _policy_families(self) -> list[Metric]:
         if self._policy is None:
             return []
+        policy = self._policy()
         labels = ["model_name", "batch_bucket", "draft_len"]
         steps = CounterMetricFamily(
             "mathagent_spec_policy_steps",
             "Decode steps the draft-length policy chose, by batch bucket and draft length (0: plain).",
             labels=labels,
         )
-        for (b, k), n in sorted(dict(self._policy.choices).items()):
+        for (b, k), n in sorted(dict(policy.choices).items()):
             steps.add_metric([self.model_name, str(b), str(k)], n)
         # what it judges on now: each step shape's timed cost, and tokens a drafting step commits
         seconds = GaugeMetricFamily(
@@ -109,13 +112,13 @@ class ServerMetrics:
             "The draft-length policy's cost estimate of a step, by batch bucket and draft length.",
             labels=labels,
         )
-        for (b, k), t in sorted(self._policy.step_seconds().items()):
+        for (b, k), t in sorted(policy.step_seconds().items()):
             seconds.add_metric([self.model_name, str(b), str(k)], t)
         expected = _gauge(
             "spec_policy_expected_tokens",
             "Tokens per row the policy expects a step at the full draft length to commit.",
             self.model_name,
-            self._policy.expected_tokens(self._policy.max_len),
+            policy.expected_tokens(policy.max_len),
         )
         return [steps, seconds, expected]
 

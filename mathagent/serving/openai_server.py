@@ -48,7 +48,7 @@ def body_limit(max_seq_len: int) -> int:
 def create_app(async_engine: AsyncEngine) -> FastAPI:
     """The FastAPI app; the engine thread starts (if it has not) and stops with its lifespan."""
     engine = async_engine.engine
-    metrics = ServerMetrics(engine.model_name, engine.speculator.policy)
+    metrics = ServerMetrics(engine.model_name, lambda: engine.speculator.policy)
     async_engine.on_output.append(metrics.observe)
 
     @asynccontextmanager

@@ -74,7 +74,7 @@ def test_policy_figures_as_the_engine_exports_them():
         policy.observed(1, k, 0.001 * (1 + k))
         if k:
             policy.accepted(1, [2])
-    text = ServerMetrics("m", policy).render()
+    text = ServerMetrics("m", lambda: policy).render()
     assert parse_policy_steps(text) == dict(policy.choices) and policy.choices
     ms, timed = policy_step_ms(text), policy.step_seconds()
     assert timed and {(int(b), int(k)) for b in ms for k in ms[b]} == set(timed)
