@@ -27,6 +27,7 @@ import contextlib
 import json
 import re
 from dataclasses import dataclass
+from typing import TypeVar
 
 import httpx
 
@@ -34,6 +35,7 @@ _SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(\{[^}]*\})?\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 _POLICY_STEPS = "spec_policy_steps_total"
 _POLICY_SECONDS = "spec_policy_step_seconds"
+_V = TypeVar("_V", int, float)
 
 
 @dataclass(frozen=True)
@@ -83,10 +85,28 @@ def parse_prometheus(text: str) -> SpecCounters | None:
     return SpecCounters(tokens, tokens / gauge) if gauge else None
 
 
-def parse_policy_steps(text: str, suffix: str = _POLICY_STEPS) -> dict[tuple[int, int], float]:
-    """The draft-length policy's step counts by (batch bucket, draft length; 0 is plain); with
-    ``suffix`` another of its samples labelled the same way (``spec_policy_step_seconds``)."""
-    steps: dict[tuple[int, int], float] = {}
+def parse_policy_steps(text: str) -> dict[tuple[int, int], float]:
+    """The draft-length policy's step counts by (batch bucket, draft length; 0 is plain)."""
+    return _policy_samples(text, _POLICY_STEPS)
+
+
+def policy_step_ms(text: str) -> dict[str, dict[str, float]]:
+    """The policy's step-cost estimates now, as JSON: {batch bucket: {draft length: ms}}."""
+    seconds = _policy_samples(text, _POLICY_SECONDS)
+    return _by_bucket({key: round(1e3 * t, 4) for key, t in seconds.items()})
+
+
+def policy_steps_between(
+    start: dict[tuple[int, int], float], end: dict[tuple[int, int], float]
+) -> dict[str, dict[str, int]]:
+    """Steps taken between two readings, as JSON: {batch bucket: {draft length: steps}}."""
+    taken = {key: round(n - start.get(key, 0.0)) for key, n in end.items()}
+    return _by_bucket({key: n for key, n in taken.items() if n > 0})
+
+
+def _policy_samples(text: str, suffix: str) -> dict[tuple[int, int], float]:
+    """Samples named ``*suffix`` labelled by batch bucket and draft length, summed per label."""
+    samples: dict[tuple[int, int], float] = {}
     for line in text.splitlines():
         match = _SAMPLE.match(line)
         if match is None or not match.group(1).endswith(suffix):
@@ -96,28 +116,16 @@ def parse_policy_steps(text: str, suffix: str = _POLICY_STEPS) -> dict[tuple[int
             key = (int(labels["batch_bucket"]), int(labels["draft_len"]))
         except (KeyError, ValueError):
             continue
-        steps[key] = steps.get(key, 0.0) + float(match.group(3))
-    return steps
+        samples[key] = samples.get(key, 0.0) + float(match.group(3))
+    return samples
 
 
-def policy_step_ms(text: str) -> dict[str, dict[str, float]]:
-    """The policy's step-cost estimates now, as JSON: {batch bucket: {draft length: ms}}."""
-    found: dict[str, dict[str, float]] = {}
-    for (bucket, k), seconds in sorted(parse_policy_steps(text, _POLICY_SECONDS).items()):
-        found.setdefault(str(bucket), {})[str(k)] = round(1e3 * seconds, 4)
-    return found
-
-
-def policy_steps_between(
-    start: dict[tuple[int, int], float], end: dict[tuple[int, int], float]
-) -> dict[str, dict[str, int]]:
-    """Steps taken between two readings, as JSON: {batch bucket: {draft length: steps}}."""
-    taken: dict[str, dict[str, int]] = {}
-    for (bucket, k), n in sorted(end.items()):
-        delta = round(n - start.get((bucket, k), 0.0))
-        if delta > 0:
-            taken.setdefault(str(bucket), {})[str(k)] = delta
-    return taken
+def _by_bucket(values: dict[tuple[int, int], _V]) -> dict[str, dict[str, _V]]:
+    """{(bucket, draft length): value} as JSON-keyed {bucket: {draft length: value}}."""
+    nested: dict[str, dict[str, _V]] = {}
+    for (bucket, k), value in sorted(values.items()):
+        nested.setdefault(str(bucket), {})[str(k)] = value
+    return nested
 
 
 _COUNTERS = (
