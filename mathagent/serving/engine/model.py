@@ -9,6 +9,7 @@ from :meth:`Transformer.logits` so callers score only the rows they need.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,9 +138,8 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """Grouped-query attention over the slot KV cache; q, k, v share one fused projection."""
 
-    def __init__(self, args: ModelArgs, layer: int) -> None:
+    def __init__(self, args: ModelArgs) -> None:
         super().__init__()
-        self.layer = layer
         self.n_heads, self.n_kv, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
         qkv_out = (self.n_heads + 2 * self.n_kv) * self.head_dim
         self.wqkv = nn.Linear(args.hidden_size, qkv_out, bias=args.qkv_bias)
@@ -147,7 +147,8 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
+        """``layer``: the index of the cache layer this block's K/V live in."""
         bsz, seqlen, _ = x.shape
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         qkv = self.wqkv(x)
@@ -158,7 +159,7 @@ class Attention(nn.Module):
         qk = apply_rope(qk, ctx.cos, ctx.sin)  # q and k heads rotated together: [B, T, H+Hkv, D]
         q, k = qk.split([self.n_heads, self.n_kv], dim=2)
         v = qkv[..., q_size + kv_size :].view(bsz, seqlen, self.n_kv, self.head_dim)
-        keys, values = ctx.cache.update(self.layer, ctx.rows, k, v)  # [B, Hkv, S, D]
+        keys, values = ctx.cache.update(layer, ctx.rows, k, v)  # [B, Hkv, S, D]
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             keys,
@@ -187,16 +188,25 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block."""
 
-    def __init__(self, args: ModelArgs, layer: int) -> None:
+    def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.attention = Attention(args, layer)
+        self.attention = Attention(args)
         self.ffn_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.feed_forward = FeedForward(args)
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), ctx)
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), ctx, layer)
         return h + self.feed_forward(self.ffn_norm(h))
+
+
+def call_layer(block: Block, x: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
+    """Block ``layer``'s forward, as :class:`Transformer` calls it unless the runner swaps it.
+
+    The index is an argument, not an attribute of the block, so one compiled call serves every
+    layer (a compiler specialises on a module's int attributes).
+    """
+    return block(x, ctx, layer)
 
 
 @dataclass
@@ -218,7 +228,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = args
         self.tok_embeddings = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(Block(args, i) for i in range(args.num_layers))
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.num_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.output = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
@@ -227,6 +237,10 @@ class Transformer(nn.Module):
         # one's output) are kept, concatenated, in ``captured [B, T, len * H]``.
         self.capture: tuple[int, ...] = ()
         self.captured: torch.Tensor | None = None
+        # How each block is called: the runner may give a compiled call (one for every layer)
+        self.layer_call: Callable[[Block, torch.Tensor, ForwardContext, int], torch.Tensor] = (
+            call_layer
+        )
 
     def forward(self, tokens: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         """Hidden states ``[B, T, H]`` after the final norm; K/V written into ``ctx.cache``."""
@@ -235,7 +249,7 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.layers):
             if i in self.capture:
                 kept.append(x)
-            x = layer(x, ctx)
+            x = self.layer_call(layer, x, ctx, i)
         if self.capture:
             kept += [x] if len(self.layers) in self.capture else []
             self.captured = torch.cat(kept, dim=-1)

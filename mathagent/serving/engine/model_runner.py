@@ -16,7 +16,13 @@ import torch
 from mathagent.serving.engine import packed_linear
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.kv_cache import KVCache
-from mathagent.serving.engine.model import ForwardContext, Transformer, rope_table
+from mathagent.serving.engine.model import (
+    Block,
+    ForwardContext,
+    Transformer,
+    call_layer,
+    rope_table,
+)
 from mathagent.serving.engine.sampler import Sampler, SamplingBatch
 from mathagent.serving.engine.sequence import Sequence
 from mathagent.serving.engine.transfer import to_device
@@ -70,6 +76,12 @@ class ModelRunner:
             slots = config.max_batch_size  # the scratch slot is the one past the sequences'
             self.graphs = CudaGraphRunner(model, self.cache, self.cos, self.sin, slots, slots)
             self.lookahead = DecodeLookahead(self.graphs, self.feature_sinks)
+            # What the graphs do not take (a prefill, a window wider than their widths) runs
+            # the model's blocks; eager, a block is ~45 kernels launched from Python: 13 ms of
+            # host time for any prompt length on the default model, against 4.6 ms on the
+            # H100 (benchmarks/GPU_NOTES.md, ttft_probe.py). Compiled: opt-in until measured.
+            if config.compiled_prefill:
+                model.layer_call = compiled_layer_call()
         if (
             config.pack_weights
             and config.device.type == "cpu"
@@ -243,6 +255,17 @@ class ModelRunner:
         )
         with torch.inference_mode():
             return self.sampler(logits, batch).tolist()
+
+
+def compiled_layer_call() -> Callable[[Block, torch.Tensor, ForwardContext, int], torch.Tensor]:
+    """:func:`call_layer` compiled once for every layer and every number of tokens.
+
+    With ``dynamic=True`` the layer index and the lengths are symbolic and the weights, cache
+    and mask are inputs, so a new layer or length reuses the graph. It compiles a mask tensor
+    and ``is_causal`` (a prefill from position 0) apart, and each for layer 0 (dynamo
+    specialises an int argument of 0) and for the rest: four graphs for any depth.
+    """
+    return torch.compile(call_layer, dynamic=True)
 
 
 def _cuda_path_available() -> bool:

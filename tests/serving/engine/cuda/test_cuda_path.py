@@ -207,3 +207,41 @@ def test_unsupported_layouts_fall_back_to_eager(runners):
         tokens = torch.tensor([[9, 10]], device="cuda")
         results.append(runner.forward(tokens, write, [3], attn_mask=mask, write_positions=write)[0])
     assert rel(results[1], results[0]) < 1e-5
+
+
+def test_compiled_prefill_scores_as_eager_blocks():
+    """MATHAGENT_ENGINE__COMPILED_PREFILL: what the graphs do not take (a prefill from position
+    0, a window over cached positions wider than their widths, a hidden mask) runs through the
+    compiled blocks and scores as the eager blocks do; decode steps still replay the graphs."""
+    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.model import ModelArgs, Transformer, call_layer
+    from mathagent.serving.engine.model_runner import ModelRunner
+
+    def runner(compiled: bool) -> ModelRunner:
+        torch.manual_seed(0)  # one model per runner: the block call is the model's
+        model = Transformer(ModelArgs.from_hf_config(SHAPE)).to("cuda").eval()
+        for p in model.parameters():
+            p.data.normal_(0.0, 0.08)
+        return ModelRunner(model, EngineConfig(model=None, device=torch.device("cuda"),
+                           dtype=torch.float32, max_batch_size=4, max_seq_len=256,
+                           speculative="none", draft_len=4, draft_beams=1, threads=None,
+                           eager=False, compiled_prefill=compiled))  # fmt: skip
+
+    plain, compiled = runner(False), runner(True)
+    assert plain.model.layer_call is call_layer and compiled.model.layer_call is not call_layer
+    gen = torch.Generator().manual_seed(7)
+    for n in (40, 77):
+        prompt = torch.randint(0, 2048, (n,), generator=gen).tolist()
+        window = torch.randint(0, 2048, (1, 24), generator=gen).cuda()
+        pos = torch.arange(n, n + 24, device="cuda")[None]
+        mask = torch.ones(1, 24, n + 24, dtype=torch.bool, device="cuda").tril(n)
+        mask[0, :, 5] = False  # a hidden cached position: no graph takes it
+        scores = []
+        for r in (plain, compiled):
+            first = greedy(r, prompt, 6, slot=2)  # prefill (compiled), then graph decode steps
+            wide = r.forward(window, pos, [2])[0]  # 24 tokens over the cached 40 / 77
+            hidden = r.forward(window, pos, [2], attn_mask=mask)[0]
+            scores.append((first, wide, hidden))
+        (first_e, wide_e, hidden_e), (first_c, wide_c, hidden_c) = scores
+        assert first_c == first_e
+        assert rel(wide_c, wide_e) < 1e-4 and rel(hidden_c, hidden_e) < 1e-4
