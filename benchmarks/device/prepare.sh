@@ -24,7 +24,7 @@ part g3 94000000
 [ "$(cat .devrun/gg/g* | md5sum | cut -c1-32)" = "$(md5sum < "$G" | cut -c1-32)" ]
 # the versions this checkout's .venv runs, for CPython 3.12 on x86-64 (the device's python3)
 pkgs="pydantic pydantic_core pydantic-settings annotated-types typing-inspection python-dotenv
-gguf pytest-asyncio typing_extensions openai httpx2 httpcore2 truststore jiter sniffio
+gguf pytest-asyncio typing_extensions openai httpx2 httpcore2 httpx httpcore h11 truststore jiter sniffio
 anyio fastapi starlette annotated-doc uvicorn opentelemetry-api importlib_metadata zipp docker
 math-verify latex2sympy2_extended antlr4-python3-runtime openai-harmony prometheus_client"
 for p in $pkgs; do
