@@ -14,7 +14,9 @@ would cost). Random weights of the model's shape need no checkpoint on the devic
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import tempfile
 import time
@@ -139,6 +141,25 @@ def server_rows(config: EngineConfig, lengths: list[int], reps: int, vocab: int)
     return rows[len(set(lengths)) :]
 
 
+def host_profile(engine: LLMEngine, prompt: list[int], log: list[dict]) -> dict:
+    """Where a fresh request's host time goes: its prefill and one decode step (cProfile,
+    functions by their own time)."""
+    prof = cProfile.Profile()
+    prof.enable()
+    ttft(engine, prompt, log)
+    prof.disable()
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:20]  # (cc, nc, tt, ct, callers)
+    return {
+        "prompt_tokens": len(prompt),
+        "total_ms": round(stats.total_tt * 1e3, 3),
+        "top_own_ms": [
+            (f"{Path(file).name}:{line}:{func}", calls, round(own * 1e3, 3), round(cum * 1e3, 3))
+            for (file, line, func), (_, calls, own, cum, _) in rows
+        ],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="random:smollm2-135m")
@@ -189,6 +210,8 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     res["rows"] = rows
+    if args.profile_length:
+        res["host_profile"] = host_profile(engine, prompt(args.profile_length), log)
     if args.profile_length and config.device.type == "cuda":
         from torch.profiler import ProfilerActivity, profile
 
@@ -200,7 +223,7 @@ def main() -> None:
             "cuda_kernels": len(kernels),
             "cuda_kernel_ms": round(sum(e.device_time for e in kernels) / 1e3, 3),
             "top": [
-                (e.key, e.count, round(e.device_time_total / 1e3, 3))
+                (e.key[:80], e.count, round(e.device_time_total / 1e3, 3))
                 for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:12]
             ],
         }
