@@ -33,7 +33,7 @@ P
 }
 run ttft_bf16_eager --server
 run ttft_bf16_compiled --server --compiled-prefill
-run ttft_fp8_eager --quantization fp8 --profile-length 0
+run ttft_fp8_eager --quantization fp8
 run ttft_fp8_compiled --quantization fp8 --profile-length 0 --compiled-prefill
 run ttft_8b_eager --model random:llama-3-8b --lengths 128 512 --reps 2 --profile-length 0
 run ttft_8b_compiled --model random:llama-3-8b --lengths 128 512 --reps 2 --profile-length 0 \
