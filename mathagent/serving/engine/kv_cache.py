@@ -61,10 +61,11 @@ class KVCache:
         The returned keys/values are ``[B, Hkv, kv_len, D]``: views when the rows are
         contiguous slots, else gathered.
         """
+        if torch.compiler.is_compiling():
+            write_rows(self.k, self.v, layer, rows.write_index, k, v)
+        else:
+            _write_rows(self.k, self.v, layer, rows.write_index, k, v)
         k_layer, v_layer = self.k[layer], self.v[layer]  # [S, Hkv, max_seq, D]
-        dim = k_layer.shape[-1]
-        k_layer.view(-1, dim).index_copy_(0, rows.write_index, k.reshape(-1, dim))
-        v_layer.view(-1, dim).index_copy_(0, rows.write_index, v.reshape(-1, dim))
         if rows.slot_start is not None:
             sl = slice(rows.slot_start, rows.slot_start + k.shape[0])
             return k_layer[sl, :, : rows.kv_len], v_layer[sl, :, : rows.kv_len]
@@ -78,6 +79,29 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes held by keys and values together."""
         return 2 * self.k.numel() * self.k.element_size()
+
+
+def _write_rows(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    layer: int,
+    index: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+) -> None:
+    dim = k_cache.shape[-1]
+    k_cache[layer].view(-1, dim).index_copy_(0, index, k.reshape(-1, dim))
+    v_cache[layer].view(-1, dim).index_copy_(0, index, v.reshape(-1, dim))
+
+
+# Compiled, an in-place index_copy_ into a view of the cache is functionalised: Inductor
+# clones the whole layer, writes the clone and copies it back (4x a layer's K/V of traffic per
+# layer call; ~1 GB a layer on the 8B shape). An op that declares the mutation runs in place.
+# It takes the whole cache and the layer: handed a layer's view (a symbolic offset), Inductor
+# wrote every layer into layer 0 (torch 2.13, CPU).
+write_rows = torch.library.custom_op(
+    "mathagent::kv_write_rows", _write_rows, mutates_args=("k_cache", "v_cache")
+)
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

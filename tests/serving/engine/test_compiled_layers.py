@@ -4,13 +4,15 @@ compiler (dynamo + Inductor) on a real model, against the eager blocks.
 What it must hold: the same logits as eager blocks, for a prefill from position 0 (causal,
 no mask tensor) and a continuation over cached positions (a mask tensor); and a fixed number
 of compiled graphs for every layer and every length, not one per layer (past dynamo's
-recompile limit on a 30-layer model, the rest would run eagerly).
+recompile limit on a 30-layer model, the rest would run eagerly); and K/V written into the
+cache in place (an in-place write into a view of it, functionalised, clones the whole layer).
 """
 
 from __future__ import annotations
 
 import torch
 from torch._dynamo.utils import counters
+from torch._inductor.utils import run_and_get_code
 
 from mathagent.config import EngineSettings
 from mathagent.serving.engine.config import EngineConfig
@@ -48,10 +50,12 @@ def test_compiled_blocks_equal_eager_blocks_and_compile_once_for_all_layers_and_
     runner.cache.k.zero_(), runner.cache.v.zero_()  # the continuations read compiled writes
     runner.model.layer_call = compiled_layer_call()
     before = counters["stats"]["unique_graphs"]
-    compiled = []
-    for p in prompts:
-        compiled += [_score(runner, p, 0), _score(runner, p[:9], len(p))]
+    compiled, code = run_and_get_code(
+        lambda: [s for p in prompts for s in (_score(runner, p, 0), _score(runner, p[:9], len(p)))]
+    )
     graphs = counters["stats"]["unique_graphs"] - before
+    # K/V written in place by the op that declares it, never through a clone of the cache
+    assert code and all("kv_write_rows" in c and "clone" not in c for c in code)
 
     for e, c in zip(eager, compiled, strict=True):
         torch.testing.assert_close(c, e, atol=2e-4, rtol=1e-4)
