@@ -137,12 +137,19 @@ class Fp8Linear(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda:
+        if not x.is_cuda:
+            out = fp8_format.reference_linear(x, self.weight, self.weight_scale)
+        else:
             from mathagent.serving.engine.cuda import fp8 as cuda_fp8
 
-            out = cuda_fp8.linear(x, self.weight, self.weight_scale)
-        else:
-            out = fp8_format.reference_linear(x, self.weight, self.weight_scale)
+            if torch.compiler.is_compiling() and x.numel() > cuda_fp8.MAX_ROWS * x.shape[-1]:
+                # compiled blocks (MATHAGENT_ENGINE__COMPILED_PREFILL), rows that take
+                # _scaled_mm anyway: quantise in torch ops, which Inductor fuses into the norm
+                # before, not one opaque kernel per product. The CUDA graphs' regions call
+                # cuda.fp8.linear themselves, so their rounding does not move.
+                out = fp8_format.scaled_linear(x, self.weight, self.weight_scale)
+            else:
+                out = cuda_fp8.linear(x, self.weight, self.weight_scale)
         return out if self.bias is None else out + self.bias
 
 

@@ -15,6 +15,7 @@ from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
 from mathagent.config import EngineSettings
+from mathagent.serving.engine import fp8_format
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.model import ModelArgs, Transformer, call_layer
 from mathagent.serving.engine.model_runner import ModelRunner, compiled_layer_call
@@ -62,3 +63,22 @@ def test_compiled_blocks_equal_eager_blocks_and_compile_once_for_all_layers_and_
     # the causal prefill and the masked continuation, each for layer 0 (dynamo specialises an
     # int argument of 0) and for the rest: 4 graphs for 5 layers x 3 lengths, as for 30 layers
     assert graphs <= 4, f"{graphs} graphs compiled: specialised on the layer or the length"
+
+
+def test_fp8_products_of_compiled_blocks_quantise_in_torch_ops_as_the_reference():
+    """Compiled blocks on CUDA send FP8 products of more than 16 rows through
+    ``fp8_format.scaled_linear`` (torch ops Inductor can fuse, then ``torch._scaled_mm``): the
+    same product as the reference to bf16's rounding, eagerly and compiled."""
+    gen = torch.Generator().manual_seed(2)
+    w = torch.randn(96, 64, generator=gen)
+    codes, scale = fp8_format.quantize_rows(w)
+    scale = scale.squeeze(-1)
+    x = torch.randn(1, 40, 64, generator=gen).bfloat16()
+    ref = fp8_format.reference_linear(x, codes, scale)
+    # the same codes and scales; the product rounds once into bf16 (at most one ulp apart)
+    torch.testing.assert_close(fp8_format.scaled_linear(x, codes, scale), ref, atol=0, rtol=2**-7)
+    compiled = torch.compile(fp8_format.scaled_linear, dynamic=True)
+    for rows in (40, 23):
+        torch.testing.assert_close(
+            compiled(x[:, :rows], codes, scale), ref[:, :rows], atol=0.05, rtol=1e-2
+        )

@@ -320,3 +320,39 @@ def test_producer_written_checkpoints_run_on_the_fp8_path(name):
     # bf16 against float32 on the CPU alone parts by 5-7% here (an activation rounding flipped by
     # bf16 noise moves a code by a step); misread codes or scales part by ~100%
     assert rel(cuda, cpu) < 0.15
+
+
+def test_compiled_prefill_of_the_fp8_model_scores_as_eager_blocks():
+    """MATHAGENT_ENGINE__COMPILED_PREFILL with FP8: a prefill's products of more than 16 rows
+    quantise in torch ops inside the compiled blocks (``fp8_format.scaled_linear``); its
+    logits are the eager blocks' to bf16 rounding and greedy continues the same but for a
+    close call."""
+    from mathagent.serving.engine.config import EngineConfig
+    from mathagent.serving.engine.model import ModelArgs, Transformer
+    from mathagent.serving.engine.model_runner import ModelRunner
+    from mathagent.serving.engine.quant import quantize_fp8
+
+    def runner(compiled: bool) -> ModelRunner:
+        torch.manual_seed(0)  # one model per runner: the block call is the model's
+        model = Transformer(ModelArgs.from_hf_config(SHAPE)).to("cuda").eval()
+        for p in model.parameters():
+            p.data.normal_(0.0, 0.08)
+        return ModelRunner(quantize_fp8(model), EngineConfig(model=None,
+                           device=torch.device("cuda"), dtype=BF16, max_batch_size=4,
+                           max_seq_len=256, speculative="none", draft_len=4, draft_beams=1,
+                           threads=None, quantization="fp8", eager=False,
+                           compiled_prefill=compiled))  # fmt: skip
+
+    plain, compiled = runner(False), runner(True)
+    prompt = torch.randint(0, 2048, (57,), generator=torch.Generator().manual_seed(3)).tolist()
+    pos = torch.arange(len(prompt), device="cuda")[None]
+    tokens = torch.tensor([prompt], device="cuda")
+    first = [r.forward(tokens, pos, [1])[0] for r in (plain, compiled)]
+    # an activation rounding flipped by fused bf16 arithmetic moves a code by a step
+    assert rel(first[1], first[0]) < 2e-2
+    (plain_out, gaps), (compiled_out, _) = (
+        greedy(r, prompt, 12, slot=2) for r in (plain, compiled)
+    )
+    first = _first_difference(compiled_out, plain_out)
+    # K/V a rounding step apart move later logits by ~1%: only a close call may flip
+    assert first is None or gaps[first] < 8 * TIE, f"diverge at {first}, margin {gaps[first]:.3f}"
