@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -38,10 +39,23 @@ ENV = {
 LIMIT, SAMPLES = 6, 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_port(count: int = 1) -> int:
+    """The first of ``count`` consecutive ports nothing is bound to, drawn below the kernel's
+    ephemeral range (32768 up): a port the kernel hands out could be taken by any client
+    socket before a replica binds it (`--replicas 2` binds the port after this one too)."""
+    for _ in range(500):
+        first = random.randrange(20000, 32000 - count)
+        socks = [socket.socket() for _ in range(count)]
+        try:
+            for offset, sock in enumerate(socks):
+                sock.bind(("127.0.0.1", first + offset))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no free ports below the ephemeral range")
 
 
 class Server:
@@ -150,7 +164,7 @@ def _start_replicas(port: int) -> tuple[subprocess.Popen, list[str], list[int]]:
 
 
 def test_replica_killed_mid_run_loses_nothing(tmp_path: Path) -> None:
-    supervisor, (a, b), (_, b_pid) = _start_replicas(_free_port())
+    supervisor, (a, b), (_, b_pid) = _start_replicas(_free_port(2))
     try:
         out = tmp_path / "run"
         proc = _eval(out, [a, b])
