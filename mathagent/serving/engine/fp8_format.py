@@ -30,16 +30,24 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scale
 
 
+def scaled_product(
+    codes: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+    dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    """``torch._scaled_mm`` of row codes ``[M, K]`` / scales ``[M, 1]`` with the weight: ``[M, N]``
+    (the FP8 tensor cores on CUDA)."""
+    return torch._scaled_mm(
+        codes, weight.t(), scale_a=scale, scale_b=weight_scale.view(1, -1), out_dtype=dtype
+    )
+
+
 def scaled_linear(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
 ) -> torch.Tensor:
-    """``x @ W.T`` in torch ops: :func:`quantize_rows`, then ``torch._scaled_mm`` (the FP8 tensor
-    cores on CUDA). Compiled, Inductor fuses the quantisation into the op before it."""
-    flat = x.reshape(-1, x.shape[-1])
-    codes, scale = quantize_rows(flat)
-    out = torch._scaled_mm(
-        codes, weight.t(), scale_a=scale, scale_b=weight_scale.view(1, -1), out_dtype=x.dtype
-    )
+    """``x @ W.T`` in torch ops: :func:`quantize_rows`, then :func:`scaled_product`. Compiled,
+    Inductor fuses the quantisation into the op before it."""
+    codes, scale = quantize_rows(x.reshape(-1, x.shape[-1]))
+    out = scaled_product(codes, scale, weight, weight_scale, x.dtype)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mathagent.serving.engine import fp8_format
 from mathagent.serving.engine.cuda import kernels
 from mathagent.serving.engine.fp8_format import FP8_MAX, FP8_MIN_SCALE
 
@@ -246,9 +247,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) ->
     if 2 <= flat.shape[0] <= MAX_ROWS and tuple(weight.shape) in ROWS_CONFIGS:
         out = rows_linear(q, s, weight, weight_scale, x.dtype)
     else:
-        out = torch._scaled_mm(
-            q, weight.t(), scale_a=s, scale_b=weight_scale.view(1, -1), out_dtype=x.dtype
-        )
+        out = fp8_format.scaled_product(q, s, weight, weight_scale, x.dtype)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
