@@ -101,15 +101,16 @@ def no_layers(forward):
 
 @contextlib.contextmanager
 def variant(spec: str):
-    """fp8 GEMV settings for one A/B, restored after: ``;``-separated ``GLU=0|1``,
-    ``cfg=NxK:bn,bk,warps`` (a plain launch shape), ``glu=NxK:bn,bk,warps`` (w13's GLU
-    launch shape, rows of each half)."""
+    """fp8 GEMV settings for one A/B, restored after: ``;``-separated ``GLU=0|1``, ``A16=0|1``
+    (one-row products read the plain row: W8A16, no row kernels), ``cfg=NxK:bn,bk,warps`` (a
+    plain launch shape), ``glu=NxK:bn,bk,warps`` (w13's GLU launch shape, rows of each half)."""
     plain, glu, glu_on = dict(fp8_gemv.FP8_GEMV_CONFIGS), dict(fp8_gemv.GLU_CONFIGS), fp8_gemv.GLU
+    a16 = fp8_gemv.A16
     tables = {"cfg": fp8_gemv.FP8_GEMV_CONFIGS, "glu": fp8_gemv.GLU_CONFIGS}
     for part in filter(None, spec.split(";")):
         key, value = part.split("=")
-        if key == "GLU":
-            fp8_gemv.GLU = value == "1"
+        if key in ("GLU", "A16"):
+            setattr(fp8_gemv, key, value == "1")
             continue
         shape_text, launch = value.split(":")
         shape = tuple(int(v) for v in shape_text.split("x"))
@@ -120,7 +121,7 @@ def variant(spec: str):
         for table, saved in ((fp8_gemv.FP8_GEMV_CONFIGS, plain), (fp8_gemv.GLU_CONFIGS, glu)):
             table.clear()
             table.update(saved)
-        fp8_gemv.GLU = glu_on
+        fp8_gemv.GLU, fp8_gemv.A16 = glu_on, a16
 
 
 def graph_ms(graphs, reps: int = 50) -> float:

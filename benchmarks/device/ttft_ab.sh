@@ -5,12 +5,14 @@
 # random weights of the default model's shape (with the embedded server), bf16 on the 8B shape.
 # Needs no GGUF. One JSON each under $OUT (a .err beside it only where a run failed), a line
 # each to stdout. TTFT_TIMEOUT (default 150 s) bounds each run; the compiled ones compile first.
-# Usage: benchmarks/device/ttft_ab.sh
+# Usage: benchmarks/device/ttft_ab.sh [NAME...]   (NAME: one of the runs below; none: all)
 set -uo pipefail
 export PYTHONPATH=$PWD:$PWD/benchmarks:/tmp/site PYTHONUNBUFFERED=1 MATHAGENT_CACHE_DIR=/tmp/mc
+wanted=" $* "
 run() {  # NAME ttft_probe.py flags...
   local name=$1 start rc
   shift
+  [ "$wanted" = "  " ] || [[ "$wanted" == *" $name "* ]] || return 0
   start=$(date +%s)
   (cd benchmarks && timeout "${TTFT_TIMEOUT:-150}" python3 ttft_probe.py "$@" \
     --out "$OUT/$name.json" > /dev/null 2> "$OUT/$name.err")

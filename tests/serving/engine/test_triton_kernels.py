@@ -374,6 +374,34 @@ def test_fp8_products_compute_the_fp8_model(dev, mode, monkeypatch):
         assert not cuda_fp8._COUNTERS[(q.device, n, k)].any()
 
 
+@pytest.mark.parametrize("mode", ["plain", "norm", "silu", "resid", "glu"])
+def test_fp8_one_row_a16_reads_the_plain_row(dev, mode, monkeypatch):
+    """fp8_gemv.A16 (W8A16): the one-row product of e4m3 weights and per-row scales against
+    the unquantised f(x), with no row kernel: equal to the dequantised weights' product in the
+    bf16 GEMV's roundings, two launch shapes."""
+    from mathagent.serving.engine import fp8_format
+    from mathagent.serving.engine.cuda import fp8_gemv
+
+    monkeypatch.setattr(fp8_gemv, "A16", True)
+    called = []
+    monkeypatch.setattr(fp8_gemv, "quantize_row", lambda *a: called.append(a))
+    torch.manual_seed(9)
+    n, k, bf16 = 384, 1024, torch.bfloat16
+    codes, scale = fp8_format.quantize_rows(torch.randn(n, k, device=dev))
+    scale = scale.squeeze(-1)
+    dequant = codes.float() * scale[:, None]
+    x = torch.randn(1, 2 * k if mode == "silu" else k, device=dev, dtype=bf16) * 3
+    kw = {"norm": dict(norm=torch.randn(k, device=dev, dtype=bf16), eps=1e-5),
+          "glu": dict(norm=torch.randn(k, device=dev, dtype=bf16), eps=1e-5, glu=True),
+          "silu": dict(silu_mul=True),
+          "resid": dict(residual=torch.randn(1, n, device=dev, dtype=bf16))}.get(mode, {})  # fmt: skip
+    ref = fused_reference(x, dequant, kw)
+    for cfg in (None, [8, 256, 4]):
+        got = fp8_gemv.gemv(x, codes, scale, config=cfg, **kw)
+        assert got.shape == ref.shape and rel(got, ref) < 4e-3, cfg
+    assert not called
+
+
 def test_fp8_one_row_glu_writes_silu_of_gate_times_up(dev):
     """w13 in the GLU form at one row (gate rows then up rows, normed input): the FP8 model's
     product, then silu(gate) * up in the eager model's roundings; the same codes and sums as

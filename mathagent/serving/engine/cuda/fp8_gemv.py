@@ -66,6 +66,10 @@ ROW_WARPS: dict[tuple[int, int], int] = {}
 # One-row w13 writes silu(gate) * up itself (products.glu_form), so w2's input is plain: the
 # SiLU product once per element in w13's epilogue, not in a one-program row kernel before w2.
 GLU = True
+# One-row products read the plain bf16 row and make f(x) per tile (W8A16: the weights' e4m3
+# codes against unquantised activations, as vLLM's FP8 Marlin on GPUs without FP8 products),
+# so no row kernel sits between two products. Off: the FP8 model's W8A8 rule (row kernel).
+A16 = False
 
 
 def fp8_gemv_config(n: int, k: int, glu: bool = False) -> Fp8GemvConfig:
@@ -181,12 +185,16 @@ def gemv(
     if config is not None:
         cfg = Fp8GemvConfig(*config, pdl=cfg.pdl)
     n_out = n // 2 if glu else n
-    q, s = quantize_row(x1, k, norm, eps, pro, cfg.pdl)
+    if A16:
+        q, s, kernel_pro = x1, weight_scale, pro
+    else:
+        (q, s), kernel_pro = quantize_row(x1, k, norm, eps, pro, cfg.pdl), 0
     y = torch.empty(n_out, dtype=x.dtype, device=x.device)
     _fp8_gemv_kernel[(triton.cdiv(n_out, cfg.block_n),)](
-        q, s, weight, weight_scale, y, x1 if residual is None else residual.reshape(n_out), n_out,
-        k, weight.stride(0), RESID=residual is not None, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, EVICT=cfg.evict, PDL=cfg.pdl, GLU=glu, num_warps=cfg.num_warps,
+        q, s, weight, weight_scale, y, x1 if residual is None else residual.reshape(n_out),
+        x1 if norm is None else norm, n_out, k, weight.stride(0), eps,
+        RESID=residual is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVICT=cfg.evict,
+        PDL=cfg.pdl, GLU=glu, A16=A16, PRO=kernel_pro, num_warps=cfg.num_warps,
         launch_pdl=cfg.pdl,
     )  # fmt: skip
     return y.view(*x.shape[:-1], n_out)

@@ -49,21 +49,30 @@ if triton is not None:
         return (acc * (sx * ws)).to(dt)
 
     @triton.jit
-    def _fma_tile(acc, w, q_ptr, k0, rk, rn):
+    def _fma_tile(acc, w, q_ptr, k0, rk, rn, g_ptr, K, rstd, PRO: tl.constexpr, dt: tl.constexpr):
         # The codes are loaded in the weight tile's own layout (one 16-byte load per thread,
-        # shared by its rows): a [BK] load would cross threads through shared memory.
+        # shared by its rows): a [BK] load would cross threads through shared memory. A16: q_ptr
+        # is the plain row and f(x) (PRO, in the eager roundings) is made here, per element.
         x = tl.load(q_ptr + k0 + rk[None, :] + 0 * rn[:, None]).to(tl.float32)
+        if PRO == 1:
+            g = tl.load(g_ptr + k0 + rk[None, :] + 0 * rn[:, None]).to(tl.float32)
+            x = ((x * rstd).to(dt).to(tl.float32) * g).to(dt).to(tl.float32)
+        elif PRO == 2:
+            up = tl.load(q_ptr + K + k0 + rk[None, :] + 0 * rn[:, None]).to(tl.float32)
+            x = ((x * tl.sigmoid(x)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
         return acc + w.to(tl.float32) * x
 
     @triton.jit
-    def _fp8_gemv_kernel(q_ptr, s_ptr, w_ptr, ws_ptr, y_ptr, r_ptr, N, K, stride_wn,
+    def _fp8_gemv_kernel(q_ptr, s_ptr, w_ptr, ws_ptr, y_ptr, r_ptr, g_ptr, N, K, stride_wn, eps,
                          RESID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         EVICT: tl.constexpr, PDL: tl.constexpr, GLU: tl.constexpr):  # fmt: skip
+                         EVICT: tl.constexpr, PDL: tl.constexpr, GLU: tl.constexpr,
+                         A16: tl.constexpr = False, PRO: tl.constexpr = 0):  # fmt: skip
         # Two weight tiles (GLU: of gate and of up) are requested before the PDL wait, then
         # two per step, both loaded before either is used (run F4: loading the second after
         # using the first left ptxas issuing it late, 10-19% slower). No tile is carried from
         # one step to the next: Triton keeps a carried e4m3 tile one byte per register (it
-        # spilled). q_ptr / s_ptr: the row kernel's codes and scale of f(x). GLU: w is [2N, K]
+        # spilled). q_ptr / s_ptr: the row kernel's codes and scale of f(x); A16: q_ptr is the
+        # plain bf16 row (no codes, no row kernel: W8A16) and PRO its f. GLU: w is [2N, K]
         # (gate rows, then up rows); y = silu(gate) * up, rounded as the eager model does.
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -79,24 +88,35 @@ if triton is not None:
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
-        sx = tl.load(s_ptr)
-        acc = _fma_tile(tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32), wa, q_ptr, 0, rk, rn)
-        acc = _fma_tile(acc, wb, q_ptr, BLOCK_K, rk, rn)
+        dt = y_ptr.dtype.element_ty
+        sx = 1.0
+        rstd = 0.0
+        if A16:  # the row itself (bf16), f(x) made per tile; weight scale only
+            if PRO == 1:  # every program recomputes the row's statistics, as the bf16 GEMV
+                ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
+                for k0 in range(0, K, BLOCK_K):
+                    xv = tl.load(q_ptr + k0 + rk).to(tl.float32)
+                    ss += xv * xv
+                rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+        else:
+            sx = tl.load(s_ptr)
+        z = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        acc = _fma_tile(z, wa, q_ptr, 0, rk, rn, g_ptr, K, rstd, PRO, dt)
+        acc = _fma_tile(acc, wb, q_ptr, BLOCK_K, rk, rn, g_ptr, K, rstd, PRO, dt)
         if GLU:
-            up = _fma_tile(tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32), ua, q_ptr, 0, rk, rn)
-            up = _fma_tile(up, ub, q_ptr, BLOCK_K, rk, rn)
+            up = _fma_tile(z, ua, q_ptr, 0, rk, rn, g_ptr, K, rstd, PRO, dt)
+            up = _fma_tile(up, ub, q_ptr, BLOCK_K, rk, rn, g_ptr, K, rstd, PRO, dt)
         for k0 in range(2 * BLOCK_K, K, 2 * BLOCK_K):
             wa = tl.load(w_ptrs + k0, mask=w_ok, other=0.0, eviction_policy=EVICT)
             wb = tl.load(w_ptrs + k0 + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
             if GLU:
                 ua = tl.load(u_ptrs + k0, mask=w_ok, other=0.0, eviction_policy=EVICT)
                 ub = tl.load(u_ptrs + k0 + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
-            acc = _fma_tile(_fma_tile(acc, wa, q_ptr, k0, rk, rn), wb, q_ptr, k0 + BLOCK_K, rk, rn)
+            acc = _fma_tile(acc, wa, q_ptr, k0, rk, rn, g_ptr, K, rstd, PRO, dt)
+            acc = _fma_tile(acc, wb, q_ptr, k0 + BLOCK_K, rk, rn, g_ptr, K, rstd, PRO, dt)
             if GLU:
-                up = _fma_tile(
-                    _fma_tile(up, ua, q_ptr, k0, rk, rn), ub, q_ptr, k0 + BLOCK_K, rk, rn
-                )
-        dt = y_ptr.dtype.element_ty
+                up = _fma_tile(up, ua, q_ptr, k0, rk, rn, g_ptr, K, rstd, PRO, dt)
+                up = _fma_tile(up, ub, q_ptr, k0 + BLOCK_K, rk, rn, g_ptr, K, rstd, PRO, dt)
         y = _scaled(tl.sum(acc, axis=1), sx, ws_ptr, rn, N, dt)
         if GLU:  # the eager rounding: gate and up rounded, silu(gate) rounded, the product
             u = _scaled(tl.sum(up, axis=1), sx, ws_ptr + N, rn, N, dt).to(tl.float32)
