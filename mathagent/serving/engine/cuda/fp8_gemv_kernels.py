@@ -49,14 +49,14 @@ if triton is not None:
         return (acc * (sx * ws)).to(dt)
 
     @triton.jit
-    def _fma_tile(acc, w, q_ptr, k0, rk, rn, g_ptr, K, rstd, PRO: tl.constexpr, dt: tl.constexpr):
+    def _fma_tile(acc, w, q_ptr, k0, rk, rn, g_ptr, K, PRO: tl.constexpr, dt: tl.constexpr):
         # The codes are loaded in the weight tile's own layout (one 16-byte load per thread,
         # shared by its rows): a [BK] load would cross threads through shared memory. A16: q_ptr
-        # is the plain row and f(x) (PRO, in the eager roundings) is made here, per element.
+        # is the plain row and f(x) is made here per element: RMSNorm's weight only (its 1/rms
+        # is one scalar, applied in the epilogue), the SiLU product in the eager roundings.
         x = tl.load(q_ptr + k0 + rk[None, :] + 0 * rn[:, None]).to(tl.float32)
         if PRO == 1:
-            g = tl.load(g_ptr + k0 + rk[None, :] + 0 * rn[:, None]).to(tl.float32)
-            x = ((x * rstd).to(dt).to(tl.float32) * g).to(dt).to(tl.float32)
+            x = x * tl.load(g_ptr + k0 + rk[None, :] + 0 * rn[:, None]).to(tl.float32)
         elif PRO == 2:
             up = tl.load(q_ptr + K + k0 + rk[None, :] + 0 * rn[:, None]).to(tl.float32)
             x = ((x * tl.sigmoid(x)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
@@ -89,34 +89,33 @@ if triton is not None:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
         dt = y_ptr.dtype.element_ty
-        sx = 1.0
-        rstd = 0.0
-        if A16:  # the row itself (bf16), f(x) made per tile; weight scale only
-            if PRO == 1:  # every program recomputes the row's statistics, as the bf16 GEMV
-                ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
-                for k0 in range(0, K, BLOCK_K):
-                    xv = tl.load(q_ptr + k0 + rk).to(tl.float32)
-                    ss += xv * xv
-                rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+        if A16:  # the row itself, f(x) made per tile
+            sx = tl.full([], 1.0, tl.float32)
         else:
             sx = tl.load(s_ptr)
         z = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        acc = _fma_tile(z, wa, q_ptr, 0, rk, rn, g_ptr, K, rstd, PRO, dt)
-        acc = _fma_tile(acc, wb, q_ptr, BLOCK_K, rk, rn, g_ptr, K, rstd, PRO, dt)
+        acc = _fma_tile(z, wa, q_ptr, 0, rk, rn, g_ptr, K, PRO, dt)
+        acc = _fma_tile(acc, wb, q_ptr, BLOCK_K, rk, rn, g_ptr, K, PRO, dt)
         if GLU:
-            up = _fma_tile(z, ua, q_ptr, 0, rk, rn, g_ptr, K, rstd, PRO, dt)
-            up = _fma_tile(up, ub, q_ptr, BLOCK_K, rk, rn, g_ptr, K, rstd, PRO, dt)
+            up = _fma_tile(z, ua, q_ptr, 0, rk, rn, g_ptr, K, PRO, dt)
+            up = _fma_tile(up, ub, q_ptr, BLOCK_K, rk, rn, g_ptr, K, PRO, dt)
         for k0 in range(2 * BLOCK_K, K, 2 * BLOCK_K):
             wa = tl.load(w_ptrs + k0, mask=w_ok, other=0.0, eviction_policy=EVICT)
             wb = tl.load(w_ptrs + k0 + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
             if GLU:
                 ua = tl.load(u_ptrs + k0, mask=w_ok, other=0.0, eviction_policy=EVICT)
                 ub = tl.load(u_ptrs + k0 + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
-            acc = _fma_tile(acc, wa, q_ptr, k0, rk, rn, g_ptr, K, rstd, PRO, dt)
-            acc = _fma_tile(acc, wb, q_ptr, k0 + BLOCK_K, rk, rn, g_ptr, K, rstd, PRO, dt)
+            acc = _fma_tile(acc, wa, q_ptr, k0, rk, rn, g_ptr, K, PRO, dt)
+            acc = _fma_tile(acc, wb, q_ptr, k0 + BLOCK_K, rk, rn, g_ptr, K, PRO, dt)
             if GLU:
-                up = _fma_tile(up, ua, q_ptr, k0, rk, rn, g_ptr, K, rstd, PRO, dt)
-                up = _fma_tile(up, ub, q_ptr, k0 + BLOCK_K, rk, rn, g_ptr, K, rstd, PRO, dt)
+                up = _fma_tile(up, ua, q_ptr, k0, rk, rn, g_ptr, K, PRO, dt)
+                up = _fma_tile(up, ub, q_ptr, k0 + BLOCK_K, rk, rn, g_ptr, K, PRO, dt)
+        if A16 and PRO == 1:  # every program recomputes the row's 1/rms (K values, from L2)
+            ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                xv = tl.load(q_ptr + k0 + rk).to(tl.float32)
+                ss += xv * xv
+            sx = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
         y = _scaled(tl.sum(acc, axis=1), sx, ws_ptr, rn, N, dt)
         if GLU:  # the eager rounding: gate and up rounded, silu(gate) rounded, the product
             u = _scaled(tl.sum(up, axis=1), sx, ws_ptr + N, rn, N, dt).to(tl.float32)
