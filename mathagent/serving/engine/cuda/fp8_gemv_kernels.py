@@ -89,10 +89,7 @@ if triton is not None:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
         dt = y_ptr.dtype.element_ty
-        if A16:  # the row itself, f(x) made per tile
-            sx = tl.full([], 1.0, tl.float32)
-        else:
-            sx = tl.load(s_ptr)
+        sx = tl.full([], 1.0, tl.float32) if A16 else tl.load(s_ptr)  # A16: f(x) per tile
         z = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         acc = _fma_tile(z, wa, q_ptr, 0, rk, rn, g_ptr, K, PRO, dt)
         acc = _fma_tile(acc, wb, q_ptr, BLOCK_K, rk, rn, g_ptr, K, PRO, dt)
