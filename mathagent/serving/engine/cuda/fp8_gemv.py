@@ -69,6 +69,9 @@ GLU = True
 # One-row products read the plain bf16 row and make f(x) per tile (W8A16: the weights' e4m3
 # codes against unquantised activations, as vLLM's FP8 Marlin on GPUs without FP8 products),
 # so no row kernel sits between two products. Off: the FP8 model's W8A8 rule (row kernel).
+# Measured slower: the 8B decode graph 3.772 ms (3.633 with GLU off) against W8A8's 3.234 on an
+# H100 (run 120, benchmarks/fp8_step_probe_h100_run120_a16.json): the per-element input work
+# costs more than the row kernels it removes.
 A16 = False
 
 

@@ -348,8 +348,9 @@ def test_compiled_prefill_of_the_fp8_model_scores_as_eager_blocks():
     pos = torch.arange(len(prompt), device="cuda")[None]
     tokens = torch.tensor([prompt], device="cuda")
     first = [r.forward(tokens, pos, [1])[0] for r in (plain, compiled)]
-    # an activation rounding flipped by fused bf16 arithmetic moves a code by a step
-    assert rel(first[1], first[0]) < 2e-2
+    # an activation rounding flipped by fused arithmetic moves a code by a step: 0.040 on an
+    # H100 (run 121; bf16 against float32 parts by 5-7%, above); misread codes part by ~100%
+    assert rel(first[1], first[0]) < 8e-2
     (plain_out, gaps), (compiled_out, _) = (
         greedy(r, prompt, 12, slot=2) for r in (plain, compiled)
     )
