@@ -79,7 +79,7 @@ class ModelRunner:
             # What the graphs do not take (a prefill, a window wider than their widths) runs
             # the model's blocks; eager, a block is ~45 kernels launched from Python: 13 ms of
             # host time for any prompt length on the default model, against 4.6 ms on the
-            # H100 (benchmarks/GPU_NOTES.md, ttft_probe.py). Compiled: opt-in until measured.
+            # H100 (benchmarks/GPU_NOTES.md, ttft_probe.py). Compiled: opt-in, measured no faster (run 121).
             if config.compiled_prefill:
                 model.layer_call = compiled_layer_call()
         if (

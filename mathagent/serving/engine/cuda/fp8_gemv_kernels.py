@@ -54,12 +54,12 @@ if triton is not None:
         # shared by its rows): a [BK] load would cross threads through shared memory. A16: q_ptr
         # is the plain row and f(x) is made here per element: RMSNorm's weight only (its 1/rms
         # is one scalar, applied in the epilogue), the SiLU product in the eager roundings.
-        x = tl.load(q_ptr + k0 + rk[None, :] + 0 * rn[:, None]).to(tl.float32)
+        offs = rk[None, :] + 0 * rn[:, None]
         if PRO == 1:
-            x = x * tl.load(g_ptr + k0 + rk[None, :] + 0 * rn[:, None]).to(tl.float32)
-        elif PRO == 2:
-            up = tl.load(q_ptr + K + k0 + rk[None, :] + 0 * rn[:, None]).to(tl.float32)
-            x = ((x * tl.sigmoid(x)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
+            x = tl.load(q_ptr + k0 + offs).to(tl.float32)
+            x = x * tl.load(g_ptr + k0 + offs).to(tl.float32)
+        else:  # the codes, or the plain row / its SiLU product by the bf16 GEMV's rule
+            x = _gemv_input(q_ptr, g_ptr, k0, offs, K, 0.0, PRO, dt, None)
         return acc + w.to(tl.float32) * x
 
     @triton.jit
