@@ -32,7 +32,14 @@ class EngineSettings(BaseModel):
     quantization: Literal["none", "int4", "fp8"] = Field(
         "none",
         description="int4: CPU weight-only int4 blocks + int8 head, bf16 activations; fp8: CUDA "
-        "(Hopper+) e4m3 weights per output channel, activations per token",
+        "(Hopper+) e4m3 weights per output channel, activations per token (or an FP8 "
+        "checkpoint's static input scales)",
+    )
+    fp8_activation_scales: Literal["auto", "calibrate"] = Field(
+        "auto",
+        description="fp8 with weights quantised at load: auto = each token's own activation "
+        "scale; calibrate = one static scale per product from a calibration forward at load "
+        "(ModelOpt's max calibration). FP8 checkpoints keep their own scheme",
     )
     max_batch_size: int = Field(8, ge=1, le=1024, description="KV-cache slots")
     max_seq_len: int = Field(4096, ge=64, description="context length per slot")

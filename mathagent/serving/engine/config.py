@@ -42,6 +42,7 @@ class EngineConfig:
     lookup_branch: bool = True  # EAGLE-3 chains verify a prompt-lookup chain beside them
     lookup_len: int = 0  # that chain's drafts (at least the chain's); 0: auto (lookup_depth)
     compiled_prefill: bool = False  # CUDA graphs on: compiled blocks for the steps they skip
+    fp8_activation_scales: str = "auto"  # "calibrate": static input scales at load
 
     @classmethod
     def from_settings(cls, settings: EngineSettings, model: str | None = None) -> EngineConfig:
@@ -73,6 +74,7 @@ class EngineConfig:
             lookup_branch=resolve_lookup_branch(settings.lookup_branch, device),
             lookup_len=0 if settings.lookup_len == "auto" else settings.lookup_len,
             compiled_prefill=settings.compiled_prefill,
+            fp8_activation_scales=settings.fp8_activation_scales,
         )
 
 

@@ -11,9 +11,11 @@ Field names follow vLLM's ``modelopt.py`` and ``compressed_tensors`` loaders.
 
 The codes load as they are (no round trip through bfloat16): a per-tensor scale becomes the
 same value on each of the tensor's rows, which is exact. Fused q/k/v and gate/up tensors
-concatenate their parts' rows and scales. Activations are quantised per token on the fly
-(the engine's one FP8 model, :mod:`~mathagent.serving.engine.fp8_format`); a static
-``input_scale`` is checked and not used. The KV cache stays in the model dtype, as vLLM's
+concatenate their parts' rows and scales. Activations follow the checkpoint: with static
+scales (ModelOpt "FP8", compressed-tensors ``input_activations.dynamic: false``) every row of a
+product's input is quantised with its ``input_scale`` (a fused product takes its parts' largest,
+as vLLM does); otherwise per token on the fly (:mod:`~mathagent.serving.engine.fp8_format`).
+The KV cache stays in the model dtype, as vLLM's
 ``kv_cache_dtype="auto"`` keeps it: ``kv_cache_quant_algo`` and ``k_scale`` / ``v_scale`` are
 not read. Checked against checkpoints the producers wrote themselves (ModelOpt 0.47.0,
 llm-compressor 0.14.0.1: ``tests/serving/engine/fixtures/fp8``).
@@ -46,6 +48,7 @@ class Fp8Scheme:
     producer: str  # "modelopt" or "compressed-tensors"
     weight_strategy: str  # "tensor" or "channel"
     ignored: tuple[str, ...]  # modules left unquantised (e.g. lm_head)
+    static_inputs: bool = False  # activations quantised with each product's input_scale
 
 
 def read_scheme(folder: Path, config: dict[str, Any]) -> Fp8Scheme | None:
@@ -76,14 +79,15 @@ def _modelopt(doc: dict[str, Any], where: str) -> Fp8Scheme:
             f"{sorted(_MODELOPT_ALGOS)}"
         )
     ignored = tuple(quant.get("exclude_modules") or quant.get("ignore") or ())
-    return Fp8Scheme("modelopt", _MODELOPT_ALGOS[algo], ignored)
+    # "FP8" calibrates one input scale per product; FP8_PER_CHANNEL_PER_TOKEN scales per token
+    return Fp8Scheme("modelopt", _MODELOPT_ALGOS[algo], ignored, static_inputs=algo == "FP8")
 
 
 def _compressed_tensors(qc: dict[str, Any]) -> Fp8Scheme:
     where = "compressed-tensors quantization_config"
     if qc.get("format") != "float-quantized":
         raise Fp8CheckpointError(f"{where}: format {qc.get('format')!r}, not 'float-quantized'")
-    strategies = set()
+    strategies, dynamic = set(), set()
     for name, group in (qc.get("config_groups") or {}).items():
         weights = group.get("weights") or {}
         if (weights.get("type"), weights.get("num_bits")) != ("float", 8):
@@ -99,9 +103,15 @@ def _compressed_tensors(qc: dict[str, Any]) -> Fp8Scheme:
         if acts is not None and (acts.get("type"), acts.get("num_bits")) != ("float", 8):
             raise Fp8CheckpointError(f"{where}: group {name!r} activations are not 8-bit float")
         strategies.add(weights["strategy"])
-    if len(strategies) != 1:
-        raise Fp8CheckpointError(f"{where}: needs one weight strategy, found {sorted(strategies)}")
-    return Fp8Scheme("compressed-tensors", strategies.pop(), tuple(qc.get("ignore") or ()))
+        # no input_activations (weights only): the engine's W8A8 with per-token scales
+        dynamic.add(True if acts is None else bool(acts.get("dynamic", False)))
+    if len(strategies) != 1 or len(dynamic) != 1:
+        raise Fp8CheckpointError(
+            f"{where}: needs one weight strategy and one activation scheme, found "
+            f"{sorted(strategies)} and dynamic {sorted(dynamic)}"
+        )
+    return Fp8Scheme("compressed-tensors", strategies.pop(), tuple(qc.get("ignore") or ()),
+                     static_inputs=not dynamic.pop())  # fmt: skip
 
 
 def _part_rows(args: ModelArgs, name: str) -> list[int]:
@@ -143,17 +153,17 @@ def install_fp8_linears(
         scale = _row_scales(model.args, module, state.get(f"{module}.weight_scale"),
                             weight.shape[0], scheme, where)  # fmt: skip
         state[f"{module}.weight_scale"] = scale
-        input_scale = state.pop(f"{module}.input_scale", None)
-        if input_scale is not None and not bool(
-            (input_scale > 0).all() & input_scale.isfinite().all()
-        ):
-            raise Fp8CheckpointError(f"{where}: {module}.input_scale is not finite and positive")
+        input_scale = _input_scale(state.pop(f"{module}.input_scale", None), module, scheme,
+                                   where)  # fmt: skip
+        if input_scale is not None:
+            state[f"{module}.input_scale"] = input_scale
         parent_name, _, child = module.rpartition(".")
         bias = state.get(f"{module}.bias")
-        setattr(model.get_submodule(parent_name), child, Fp8Linear(weight, scale, bias))
+        setattr(model.get_submodule(parent_name), child,
+                Fp8Linear(weight, scale, bias, input_scale))  # fmt: skip
         swapped += 1
-    left = [k for k in state if k.endswith("input_scale") or (k.endswith("weight_scale")
-            and getattr(state.get(k.removesuffix("_scale")), "dtype", None) != FP8_DTYPE)]  # fmt: skip
+    left = [k for k in state if k.endswith("_scale")
+            and getattr(state.get(k.rsplit(".", 1)[0] + ".weight"), "dtype", None) != FP8_DTYPE]  # fmt: skip
     if left:
         raise Fp8CheckpointError(f"{where}: scales without FP8 weights: {left[:3]}")
     if not swapped:
@@ -161,6 +171,24 @@ def install_fp8_linears(
             f"{where}: declares {scheme.producer} FP8 but holds no e4m3 weight"
         )
     return swapped
+
+
+def _input_scale(
+    scale: torch.Tensor | None, module: str, scheme: Fp8Scheme, where: Path
+) -> torch.Tensor | None:
+    """The static activation scale ``[1]`` of ``module`` (its fused parts' largest, as vLLM
+    takes it), or None where activations scale per token (a dynamic scheme's stray scale is
+    checked and dropped)."""
+    if scale is not None and not bool((scale > 0).all() & scale.isfinite().all()):
+        raise Fp8CheckpointError(f"{where}: {module}.input_scale is not finite and positive")
+    if not scheme.static_inputs:
+        return None
+    if scale is None:
+        raise Fp8CheckpointError(
+            f"{where}: {scheme.producer} declares static activation scales but "
+            f"{module} has no input_scale"
+        )
+    return scale.float().max().reshape(1)
 
 
 def _row_scales(

@@ -50,9 +50,8 @@ class LLMEngine:
         if loaded is None:
             if config.model is None:
                 raise EngineConfigError("no model named: give a model spec or a loaded model")
-            loaded = load_model(
-                config.model, model_dir, config.device, config.dtype, config.quantization
-            )
+            loaded = load_model(config.model, model_dir, config.device, config.dtype,
+                                config.quantization, config.fp8_activation_scales)  # fmt: skip
         if config.tokenizer is not None:
             loaded.tokenizer = load_tokenizer(config.tokenizer, model_dir)
         self.loaded = loaded

@@ -1,7 +1,8 @@
 """Quantised linears: int4 blocks (group 32) + an int8 head on CPU, FP8 (e4m3) on CUDA.
 
 ``fp8`` (:class:`Fp8Linear`, Hopper GPUs) holds each block linear as e4m3 codes with one scale
-per output row and quantises activations per token (:mod:`~mathagent.serving.engine.fp8_format`
+per output row and quantises activations per token, or with one static scale per product
+(a checkpoint's, or :func:`calibrate_fp8_inputs`'s) (:mod:`~mathagent.serving.engine.fp8_format`
 is the arithmetic); the head stays in the model dtype, as published FP8 checkpoints keep it.
 The rest of this note is about the CPU path.
 
@@ -17,6 +18,8 @@ are fast only for bf16 inputs.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -100,7 +103,9 @@ class Int8Linear(nn.Module):
 
 
 class Fp8Linear(nn.Module):
-    """``y = x W^T + b`` of the FP8 model: ``weight`` e4m3 ``[N, K]``, ``weight_scale`` ``[N]``.
+    """``y = x W^T + b`` of the FP8 model: ``weight`` e4m3 ``[N, K]``, ``weight_scale`` ``[N]``;
+    ``input_scale`` ``[1]``: a static activation scale (a checkpoint's, for every row), else
+    None: each row's own scale on the fly.
 
     On CUDA the product runs on the FP8 tensor cores (:func:`cuda.fp8.linear`); elsewhere the
     float32 reference (for tests: the engine refuses fp8 off Hopper GPUs). ``module.to(dtype)``
@@ -108,17 +113,25 @@ class Fp8Linear(nn.Module):
     """
 
     def __init__(
-        self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> None:
+        self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None = None,
+        input_scale: torch.Tensor | None = None,
+    ) -> None:  # fmt: skip
         super().__init__()
         if weight.dtype != fp8_format.FP8_DTYPE or weight_scale.shape != weight.shape[:1]:
             raise QuantizationError(
                 f"fp8 linear needs e4m3 weights [N, K] and float32 scales [N]; got "
                 f"{weight.dtype} {tuple(weight.shape)} and {tuple(weight_scale.shape)}"
             )
+        if input_scale is not None and input_scale.numel() != 1:
+            raise QuantizationError(
+                f"fp8 linear needs one static input scale; got {tuple(input_scale.shape)}"
+            )
         self.out_features, self.in_features = weight.shape
         self.register_buffer("weight", weight.contiguous())
         self.register_buffer("weight_scale", weight_scale.float().contiguous())
+        self.register_buffer(
+            "input_scale", None if input_scale is None else input_scale.float().reshape(1)
+        )
         self.bias = None if bias is None else nn.Parameter(bias.detach(), False)
 
     @classmethod
@@ -128,8 +141,10 @@ class Fp8Linear(nn.Module):
         return cls(codes, scale.squeeze(-1), linear.bias)
 
     def _apply(self, fn, recurse=True):
-        for name in ("weight", "weight_scale"):
+        for name in ("weight", "weight_scale", "input_scale"):
             buf = self._buffers[name]
+            if buf is None:
+                continue
             moved = fn(buf)
             self._buffers[name] = moved if moved.dtype == buf.dtype else buf.to(moved.device)
         if self.bias is not None:
@@ -138,7 +153,7 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_cuda:
-            out = fp8_format.reference_linear(x, self.weight, self.weight_scale)
+            out = fp8_format.reference_linear(x, self.weight, self.weight_scale, self.input_scale)
         else:
             from mathagent.serving.engine.cuda import fp8 as cuda_fp8
 
@@ -147,10 +162,37 @@ class Fp8Linear(nn.Module):
                 # _scaled_mm anyway: quantise in torch ops, which Inductor fuses into the norm
                 # before, not one opaque kernel per product. The CUDA graphs' regions call
                 # cuda.fp8.linear themselves, so their rounding does not move.
-                out = fp8_format.scaled_linear(x, self.weight, self.weight_scale)
+                out = fp8_format.scaled_linear(x, self.weight, self.weight_scale, self.input_scale)
             else:
-                out = cuda_fp8.linear(x, self.weight, self.weight_scale)
+                out = cuda_fp8.linear(x, self.weight, self.weight_scale, self.input_scale)
         return out if self.bias is None else out + self.bias
+
+
+def calibrate_fp8_inputs(model: nn.Module, forward: Callable[[], object]) -> int:
+    """Give every :class:`Fp8Linear` of ``model`` a static input scale: the largest ``|x|`` its
+    input reached while ``forward()`` ran the model (per-token scales meanwhile), over 448,
+    ModelOpt's "max" calibration of its FP8 recipe. Returns how many were calibrated."""
+    amax: dict[Fp8Linear, torch.Tensor] = {}
+
+    def record(module: Fp8Linear, args: tuple[torch.Tensor, ...]) -> None:
+        seen = args[0].detach().abs().amax().float()
+        amax[module] = torch.maximum(amax[module], seen) if module in amax else seen
+
+    linears = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+    hooks = [m.register_forward_pre_hook(record) for m in linears]
+    try:
+        with torch.no_grad():
+            for m in linears:
+                m.input_scale = None
+            forward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for m in linears:
+        if m not in amax:
+            raise QuantizationError("fp8 calibration: a quantised linear saw no input")
+        m.input_scale = fp8_format.row_scales(amax[m]).reshape(1)
+    return len(linears)
 
 
 def quantize_int4(

@@ -189,3 +189,39 @@ def test_load_time_quantisation_follows_the_fp8_rule():
     assert err < 0.05 * (x.float() @ linear.weight.detach().t()).abs().max()
     model = load_model("random:tiny", None, CPU, BF16).model
     assert all(isinstance(b.feed_forward.w2, Fp8Linear) for b in quantize_fp8(model).layers)
+
+
+def test_calibrated_static_input_scales_are_each_products_largest_input(tmp_path):
+    """fp8_activation_scales "calibrate": one static scale per product, the largest |x| its
+    input reached in the calibration forward over 448 (ModelOpt's max calibration); the model
+    then computes near its per-token self, and a checkpoint keeps its own scheme."""
+    from mathagent.serving.engine import loader
+
+    dynamic = load_model("random:tiny", tmp_path, CPU, BF16, "fp8").model
+    static = load_model("random:tiny", tmp_path, CPU, BF16, "fp8", "calibrate").model
+    linears = [m for m in static.modules() if isinstance(m, Fp8Linear)]
+    assert len(linears) == 8 and all(m.input_scale.shape == (1,) for m in linears)
+    assert all(m.input_scale is None for m in dynamic.modules() if isinstance(m, Fp8Linear))
+    # the scale is the largest input a hook on the per-token model sees in the same forward
+    seen = []
+    w2 = dynamic.layers[1].feed_forward.w2
+    hook = w2.register_forward_pre_hook(lambda m, a: seen.append(a[0].abs().amax().float()))
+    loaded = loader.LoadedModel(dynamic, None, "tiny", None, ())
+    loader.calibrate_fp8(loaded, BF16)
+    hook.remove()
+    assert len(seen) == 1 and torch.equal(w2.input_scale, (seen[0] / 448).reshape(1))
+    assert torch.equal(w2.input_scale, static.layers[1].feed_forward.w2.input_scale)
+    ids = torch.randint(0, 1024, (1, 60), generator=torch.Generator().manual_seed(1))
+    for m in dynamic.modules():
+        if isinstance(m, Fp8Linear):
+            m.input_scale = None
+    with torch.no_grad():
+        ref, got = _logits(dynamic, ids), _logits(static, ids)
+    assert 0 < float((got - ref).norm() / ref.norm()) < 0.1
+    with pytest.raises(ModelLoadError, match="needs quantization fp8"):
+        load_model("random:tiny", tmp_path, CPU, BF16, "none", "calibrate")
+    _hf_llama(tmp_path / "ckpt")
+    _rewrite_fp8(tmp_path / "ckpt", "channel")
+    _compressed(tmp_path / "ckpt")
+    with pytest.raises(ModelLoadError, match="its activation scales are its own"):
+        load_model(str(tmp_path / "ckpt"), tmp_path, CPU, BF16, "fp8", "calibrate")

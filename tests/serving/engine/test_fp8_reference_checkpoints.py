@@ -84,11 +84,17 @@ def test_codes_and_scales_load_as_the_producer_wrote_them(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["compressed-tensors/fp8_dynamic", "compressed-tensors/fp8_dynamic_ignore_down"]
+    "name",
+    [
+        "compressed-tensors/fp8_dynamic",
+        "compressed-tensors/fp8_dynamic_ignore_down",
+        "compressed-tensors/fp8",  # static input scales (0.33 off while they were not used)
+    ],
 )
-def test_dynamic_per_token_activations_compute_what_compressed_tensors_computes(name):
-    """FP8_DYNAMIC (the "FP8-dynamic" models): same codes, same per-token activation rule, so
-    the float32 forwards agree to rounding; weights dequantised alone would be ~0.24 off."""
+def test_activations_compute_what_compressed_tensors_computes(name):
+    """FP8_DYNAMIC (the "FP8-dynamic" models): same codes, same per-token activation rule; FP8
+    (static): same codes, each product's calibrated ``input_scale`` on every row. The float32
+    forwards agree to rounding; weights dequantised alone would be ~0.24 off."""
     reference = load_file(str(FIXTURES / "reference_logits.safetensors"))[name]
     ours = _logits(_load(name), _tokens(), F32)
     torch.testing.assert_close(ours, reference, rtol=0, atol=1e-4)
@@ -97,9 +103,9 @@ def test_dynamic_per_token_activations_compute_what_compressed_tensors_computes(
 @pytest.mark.parametrize(
     ("name", "bound"),
     [
-        # static input scales: the engine quantises activations per token instead (measured 0.33)
-        ("compressed-tensors/fp8", 0.5),
-        ("modelopt/fp8_default", 0.5),  # measured 0.30
+        # static input scales, used as compressed-tensors uses them (exact above); ModelOpt's
+        # forward is its fake quantisation, whose weights are not its export's (below): 0.30
+        ("modelopt/fp8_default", 0.5),
         # ModelOpt's CPU fake quantisation rounds off its own exported codes by a step here and
         # there (its fake-quant weight vs its export: 0.014 on a 0.38 row); measured 0.15
         ("modelopt/fp8_per_channel", 0.25),
@@ -110,6 +116,26 @@ def test_other_layouts_stay_near_their_producers_forward(name, bound):
     ours = _logits(_load(name), _tokens(), F32)
     assert reference.abs().max() > 2.0  # each bound: a tenth to a fifth of the largest logit
     assert (ours - reference).abs().max() < bound
+
+
+def test_static_input_scales_are_used_and_a_fused_product_takes_its_parts_largest():
+    model = _load("compressed-tensors/fp8")
+    written = load_file(str(FIXTURES / "compressed-tensors/fp8/model.safetensors"))
+    for i, layer in enumerate(model.layers):
+        for engine, parts in FUSED.items():
+            scales = [written[f"model.layers.{i}.{p}.input_scale"].float() for p in parts]
+            assert torch.equal(
+                layer.get_submodule(engine).input_scale, torch.cat(scales).amax(0, keepdim=True)
+            )
+    # the per-token schemes keep no static scale
+    assert _load("compressed-tensors/fp8_dynamic").layers[0].attention.wqkv.input_scale is None
+    assert _load("modelopt/fp8_per_channel").layers[0].attention.wqkv.input_scale is None
+    # static, not the per-token rule: the same codes scaled per token compute other logits
+    static = _logits(model, _tokens(), F32)
+    for layer in model.layers:
+        for engine in FUSED:
+            layer.get_submodule(engine).input_scale = None
+    assert (static - _logits(model, _tokens(), F32)).abs().max() > 0.05
 
 
 def test_kv_cache_scales_are_not_read():

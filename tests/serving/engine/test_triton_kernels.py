@@ -334,6 +334,60 @@ def test_fp8_row_quantisation_is_the_reference_rule_bit_for_bit(dev):
         assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
 
 
+def test_fp8_static_input_scale_is_the_reference_rule_bit_for_bit(dev):
+    """A checkpoint's static input scale: every row takes it (the rows kernel's and the one-row
+    GEMV's row kernels), values past 448 scales clamp, as fp8_format.quantize_rows does."""
+    from mathagent.serving.engine import fp8_format
+    from mathagent.serving.engine.cuda import fp8 as cuda_fp8
+    from mathagent.serving.engine.cuda import fp8_gemv
+
+    torch.manual_seed(3)
+    for m, k in ((5, 576), (1, 1536)):
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16) * torch.rand(m, 1, device=dev) * 9
+        static = x.float().abs().amax().reshape(1) / 448 / 3  # a third: the largest values clamp
+        q_ref, s_ref = fp8_format.quantize_rows(x, static)
+        assert (q_ref.float().abs() == 448).any() and torch.equal(s_ref, static.expand(m, 1))
+        for q, s in (cuda_fp8.quantize_rows(x, static),
+                     fp8_gemv.quantize_input_rows(x, k, None, 0.0, 0, False, static)):  # fmt: skip
+            assert torch.equal(s.view(m, 1), s_ref)
+            assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+@pytest.mark.parametrize("mode", ["norm", "glu", "resid"])
+def test_fp8_products_with_a_static_input_scale_compute_the_fp8_model(dev, mode, monkeypatch):
+    """One row (GEMV; GLU form) and 5 rows (the rows kernel) with the product's static scale
+    against the reference rule with it; not the per-row rule's result."""
+    from mathagent.serving.engine import fp8_format
+    from mathagent.serving.engine.cuda import fp8 as cuda_fp8
+    from mathagent.serving.engine.cuda import fp8_gemv
+    from mathagent.serving.engine.cuda.forward import rms_norm
+
+    torch.manual_seed(6)
+    n, k, bf16 = 192, 1024, torch.bfloat16
+    codes, scale = fp8_format.quantize_rows(torch.randn(n, k, device=dev))
+    scale = scale.squeeze(-1)
+    g = torch.randn(k, device=dev, dtype=bf16)
+    monkeypatch.setitem(cuda_fp8.ROWS_CONFIGS, (n, k), cuda_fp8.RowsConfig(64, 128, 4, 3))
+    for m in (1, 5):
+        x = torch.randn(m, k, device=dev, dtype=bf16) * 3
+        x[:, 0] *= 40  # one large value a row: a per-row scale would spend its range on it
+        r = torch.randn(m, n // 2 if mode == "glu" else n, device=dev, dtype=bf16)
+        fx = x if mode == "resid" else rms_norm(x, g, 1e-5)
+        static = fx[:, 1:].float().abs().amax().reshape(1) / 448
+        kw = {"resid": dict(residual=r)}.get(mode, dict(norm=g, eps=1e-5))
+        ref = fp8_format.reference_linear(fx, codes, scale, static)
+        per_row = fp8_format.reference_linear(fx, codes, scale)
+        if mode == "glu":
+            ref, per_row = (F.silu(y[:, : n // 2]) * y[:, n // 2 :] for y in (ref, per_row))
+        elif mode == "resid":
+            ref, per_row = ref + r, per_row + r
+        if mode == "glu" and m > 1:
+            continue  # GLU is the one-row form
+        got = fp8_gemv.gemv(x, codes, scale, input_scale=static, glu=mode == "glu", **kw)
+        assert rel(got, ref) < 4e-3, (m, rel(got, ref))
+        assert rel(got, per_row) > 2 * rel(got, ref), m
+
+
 @pytest.mark.parametrize("mode", ["plain", "norm", "silu", "resid"])
 def test_fp8_products_compute_the_fp8_model(dev, mode, monkeypatch):
     """e4m3 weights with per-row scales at 1 row (the GEMV, two launch shapes), 2-16 rows (the

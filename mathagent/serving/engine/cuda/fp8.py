@@ -2,8 +2,8 @@
 
 One FP8 model, whatever the number of rows: weights are e4m3 codes with one float32 scale per
 output row; activations are quantised per row (token) on the fly with the rule of
-:func:`~mathagent.serving.engine.fp8_format.quantize_rows` (``scale = max|x| / 448``, codes
-``x * (1 / scale)`` rounded to nearest even); products accumulate in float32 and are scaled back by
+:func:`~mathagent.serving.engine.fp8_format.quantize_rows` (``scale = max|x| / 448``, or a
+checkpoint's static input scale; codes ``x * (1 / scale)`` rounded to nearest even); products accumulate in float32 and are scaled back by
 both scales. One row (batch-1 decode) goes to :func:`~mathagent.serving.engine.cuda.fp8_gemv.gemv`
 (a row kernel quantises the product input once, then a GEMV streams the fp8 weights with the
 bf16 GEMV's prologue and residual epilogue); several rows
@@ -46,16 +46,21 @@ if triton is not None:
         return tl.maximum(amax * _INV_MAX, _MIN_SCALE)
 
     @triton.jit
-    def _quant_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_x, BLOCK_K: tl.constexpr):
+    def _quant_rows_kernel(x_ptr, is_ptr, q_ptr, s_ptr, K, stride_x, BLOCK_K: tl.constexpr,
+                           STATIC: tl.constexpr):  # fmt: skip
         # One program per row: its max, its scale, its codes (two passes over K, from L2).
+        # STATIC: the product's one input scale (is_ptr) on every row, one pass.
         row = tl.program_id(0)
         rk = tl.arange(0, BLOCK_K)
-        amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ok = k0 + rk < K
-            xv = tl.load(x_ptr + row * stride_x + k0 + rk, mask=ok, other=0.0).to(tl.float32)
-            amax = tl.maximum(amax, tl.abs(xv))
-        sx = _row_scale(tl.max(amax, axis=0))
+        if STATIC:
+            sx = tl.load(is_ptr)
+        else:
+            amax = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                ok = k0 + rk < K
+                xv = tl.load(x_ptr + row * stride_x + k0 + rk, mask=ok, other=0.0).to(tl.float32)
+                amax = tl.maximum(amax, tl.abs(xv))
+            sx = _row_scale(tl.max(amax, axis=0))
         inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), sx)
         for k0 in range(0, K, BLOCK_K):
             ok = k0 + rk < K
@@ -121,18 +126,23 @@ if triton is not None:
 
 
 @torch.library.custom_op("mathagent::fp8_quantize_rows", mutates_args=())
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row e4m3 codes ``[M, K]`` and float32 scales ``[M, 1]`` of ``x [M, K]``."""
+def quantize_rows(
+    x: torch.Tensor, input_scale: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row e4m3 codes ``[M, K]`` and float32 scales ``[M, 1]`` of ``x [M, K]``: each row's
+    own scale, or the static ``input_scale [1]`` on every row."""
     m, k = x.shape
     q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
     s = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     if m:
-        _quant_rows_kernel[(m,)](x, q, s, k, x.stride(0), BLOCK_K=1024, num_warps=4)
+        static = input_scale is not None
+        _quant_rows_kernel[(m,)](x, input_scale if static else s, q, s, k, x.stride(0),
+                                 BLOCK_K=1024, STATIC=static, num_warps=4)  # fmt: skip
     return q, s
 
 
 @quantize_rows.register_fake
-def _(x):
+def _(x, input_scale=None):
     m, k = x.shape
     return (
         x.new_empty(m, k, dtype=torch.float8_e4m3fn),
@@ -238,12 +248,16 @@ def _(q, s, weight, weight_scale, out_dtype):
     return q.new_empty(q.shape[0], weight.shape[0], dtype=out_dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
-    """``x @ W.T`` of the FP8 model for any number of rows, on the FP8 tensor cores."""
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+    input_scale: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """``x @ W.T`` of the FP8 model for any number of rows, on the FP8 tensor cores
+    (``input_scale``: the product's static activation scale, else per row)."""
     flat = x.reshape(-1, x.shape[-1])
     if flat.stride(-1) != 1:
         flat = flat.contiguous()
-    q, s = quantize_rows(flat)
+    q, s = quantize_rows(flat, input_scale)
     if 2 <= flat.shape[0] <= MAX_ROWS and tuple(weight.shape) in ROWS_CONFIGS:
         out = rows_linear(q, s, weight, weight_scale, x.dtype)
     else:

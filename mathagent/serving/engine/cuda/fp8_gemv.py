@@ -101,24 +101,29 @@ def gemv_fits(weight: torch.Tensor) -> bool:
 
 
 def quantize_row(
-    x: torch.Tensor, k: int, norm: torch.Tensor | None, eps: float, pro: int, pdl: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x: torch.Tensor, k: int, norm: torch.Tensor | None, eps: float, pro: int, pdl: bool,
+    input_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """e4m3 codes ``[k]`` and scale ``[1]`` of the product input ``f(x)`` (one row)."""
-    q, s = quantize_input_rows(x.view(1, -1), k, norm, eps, pro, pdl)
+    q, s = quantize_input_rows(x.view(1, -1), k, norm, eps, pro, pdl, input_scale)
     return q.view(k), s
 
 
 def quantize_input_rows(
-    x2: torch.Tensor, k: int, norm: torch.Tensor | None, eps: float, pro: int, pdl: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x2: torch.Tensor, k: int, norm: torch.Tensor | None, eps: float, pro: int, pdl: bool,
+    input_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """e4m3 codes ``[M, k]`` and scales ``[M]`` of the product input ``f(x)`` of each row of
-    ``x2 [M, k or 2k]`` (last stride 1): the one-row kernel, one program per row."""
+    ``x2 [M, k or 2k]`` (last stride 1): the one-row kernel, one program per row; each row's
+    own scale, or the static ``input_scale [1]``."""
     m = x2.shape[0]
     q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x2.device)
     s = torch.empty(m, dtype=torch.float32, device=x2.device)
+    static = input_scale is not None
     _fp8_row_kernel[(m,)](
-        x2, x2 if norm is None else norm, q, s, k, x2.stride(0), eps, PRO=pro,
-        BLOCK=triton.next_power_of_2(k), PDL=pdl, num_warps=row_warps(k, pro), launch_pdl=pdl,
+        x2, x2 if norm is None else norm, input_scale if static else s, q, s, k, x2.stride(0),
+        eps, PRO=pro, BLOCK=triton.next_power_of_2(k), PDL=pdl, STATIC=static,
+        num_warps=row_warps(k, pro), launch_pdl=pdl,
     )  # fmt: skip
     return q, s
 
@@ -135,7 +140,8 @@ def rows_fit(weight: torch.Tensor, rows: int) -> bool:
 ONE_ROW_CONFIGS: dict[tuple[int, int], fp8.RowsConfig] = {}
 
 
-def _rows_gemv(x, weight, weight_scale, norm, residual, eps, silu_mul, cfg) -> torch.Tensor:
+def _rows_gemv(x, weight, weight_scale, norm, residual, eps, silu_mul, cfg,
+               input_scale) -> torch.Tensor:  # fmt: skip
     # Each row's f(x) quantised by the row kernel, then the tensor-core rows kernel
     # (fp8.rows_launch) with the residual add in its epilogue
     n, k = weight.shape
@@ -144,7 +150,7 @@ def _rows_gemv(x, weight, weight_scale, norm, residual, eps, silu_mul, cfg) -> t
         x2 = x2.contiguous()
     pro = 1 if norm is not None else 2 if silu_mul else 0
     pdl = kernels.pdl_supported()
-    q, s = quantize_input_rows(x2, k, norm, eps, pro, pdl)
+    q, s = quantize_input_rows(x2, k, norm, eps, pro, pdl, input_scale)
     y = torch.empty(x2.shape[0], n, dtype=x.dtype, device=x.device)
     r = None if residual is None else residual.reshape(-1, n).contiguous()
     fp8.rows_launch(q, s, weight, weight_scale, y, cfg, r, pdl)
@@ -168,19 +174,22 @@ def gemv(
     silu_mul: bool = False,
     config: list[int] | None = None,
     glu: bool = False,
+    input_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``f(x) @ (weight[N, K] * weight_scale[N]).T (+ residual)`` for one row, FP8 model; for
     2..16 rows (verify, where :func:`rows_fit`) the same through the tensor-core rows kernel.
 
     ``f`` as in :func:`kernels.gemv`. ``glu``: ``weight`` holds gate rows then up rows and the
     result is ``silu(gate) * up`` ``[N / 2]``. ``config`` (the sweep's knob) overrides the one-row
-    launch shape: ``[block_n, block_k, warps]``.
+    launch shape: ``[block_n, block_k, warps]``. ``input_scale``: the product's static
+    activation scale ``[1]`` (a checkpoint's), else each row's own.
     """
     n, k = weight.shape
     if x.numel() != x.shape[-1] or (config is None and (n, k) in ONE_ROW_CONFIGS):
         rows = x.numel() // x.shape[-1]
         cfg = ONE_ROW_CONFIGS[(n, k)] if rows == 1 else fp8.rows_config(n, k, rows)
-        y = _rows_gemv(x, weight, weight_scale, norm, None if glu else residual, eps, silu_mul, cfg)
+        y = _rows_gemv(x, weight, weight_scale, norm, None if glu else residual, eps, silu_mul,
+                       cfg, input_scale)  # fmt: skip
         return _glu_after(y) if glu else y
     x1 = x.reshape(-1).contiguous()
     pro = 1 if norm is not None else 2 if silu_mul else 0
@@ -188,16 +197,16 @@ def gemv(
     if config is not None:
         cfg = Fp8GemvConfig(*config, pdl=cfg.pdl)
     n_out = n // 2 if glu else n
-    if A16:
+    if A16 and input_scale is None:  # a static scale names the W8A8 codes: the row kernel
         q, s, kernel_pro = x1, weight_scale, pro
     else:
-        (q, s), kernel_pro = quantize_row(x1, k, norm, eps, pro, cfg.pdl), 0
+        (q, s), kernel_pro = quantize_row(x1, k, norm, eps, pro, cfg.pdl, input_scale), 0
     y = torch.empty(n_out, dtype=x.dtype, device=x.device)
     _fp8_gemv_kernel[(triton.cdiv(n_out, cfg.block_n),)](
         q, s, weight, weight_scale, y, x1 if residual is None else residual.reshape(n_out),
         x1 if norm is None else norm, n_out, k, weight.stride(0), eps,
         RESID=residual is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVICT=cfg.evict,
-        PDL=cfg.pdl, GLU=glu, A16=A16, PRO=kernel_pro, num_warps=cfg.num_warps,
+        PDL=cfg.pdl, GLU=glu, A16=A16 and input_scale is None, PRO=kernel_pro, num_warps=cfg.num_warps,
         launch_pdl=cfg.pdl,
     )  # fmt: skip
     return y.view(*x.shape[:-1], n_out)
@@ -205,5 +214,5 @@ def gemv(
 
 @gemv.register_fake
 def _(x, weight, weight_scale, norm=None, residual=None, eps=1e-6, silu_mul=False, config=None,
-      glu=False):  # fmt: skip
+      glu=False, input_scale=None):  # fmt: skip
     return x.new_empty(*x.shape[:-1], weight.shape[0] // 2 if glu else weight.shape[0])

@@ -19,9 +19,11 @@ if triton is not None:
     from mathagent.serving.engine.cuda.kernels import _gemv_input
 
     @triton.jit
-    def _fp8_row_kernel(x_ptr, g_ptr, q_ptr, s_ptr, K, stride_x, eps, PRO: tl.constexpr,
-                        BLOCK: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    def _fp8_row_kernel(x_ptr, g_ptr, is_ptr, q_ptr, s_ptr, K, stride_x, eps,
+                        PRO: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+                        STATIC: tl.constexpr = False):  # fmt: skip
         # One program holds a whole row: f(x), max |f(x)|, scale, codes (one read of x).
+        # STATIC: the product's static input scale (is_ptr) instead of the row's max.
         dt = x_ptr.dtype.element_ty
         row = tl.program_id(0)
         x_ptr += row * stride_x
@@ -37,7 +39,7 @@ if triton is not None:
             xv = tl.load(x_ptr + rk, mask=ok, other=0.0).to(tl.float32)
             rstd = tl.rsqrt(tl.sum(xv * xv, axis=0) / K + eps)
         v = tl.where(ok, _gemv_input(x_ptr, g_ptr, 0, rk, K, rstd, PRO, dt, ok), 0.0)
-        sx = _row_scale(tl.max(tl.abs(v), axis=0))
+        sx = tl.load(is_ptr) if STATIC else _row_scale(tl.max(tl.abs(v), axis=0))
         inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), sx)
         tl.store(q_ptr + rk, _quantize_codes(v, inv), mask=ok)
         tl.store(s_ptr, sx)

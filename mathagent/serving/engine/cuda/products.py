@@ -16,8 +16,9 @@ from mathagent.serving.engine.cuda import fp8, fp8_gemv, kernels
 from mathagent.serving.engine.cuda import skinny as skinny_kernel
 from mathagent.serving.engine.quant import Fp8Linear
 
-# A layer's product weight: a tensor, or (e4m3 codes, scales per row) of an FP8 linear.
-Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+# A layer's product weight: a tensor, or (e4m3 codes, scales per row, static input scale or
+# None) of an FP8 linear.
+Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 
 def linear(
@@ -32,7 +33,11 @@ def linear(
     an FP8 weight goes to its GEMV at one row, to the FP8 tensor cores at more."""
     if isinstance(weight, tuple):
         one_row = x.numel() == x.shape[-1] and gemv_ok(weight, fast)
-        y = fp8_gemv.gemv(x, *weight) if one_row else fp8.linear(x, *weight)
+        codes, scales, input_scale = weight
+        if one_row:
+            y = fp8_gemv.gemv(x, codes, scales, input_scale=input_scale)
+        else:
+            y = fp8.linear(x, codes, scales, input_scale)
         return y if bias is None else y + bias
     rows = x.numel() // x.shape[-1]
     rows_bucket = skinny_kernel.bucket(rows)  # 0 outside 2..16 rows
@@ -92,7 +97,8 @@ def gemv(
     """The fused product for ``weight``'s kind (one row, FP8 verify rows, or the fused skinny
     kernel's rows: :func:`fused_ok`), with the prologue/epilogue in ``fused``."""
     if isinstance(weight, tuple):
-        return fp8_gemv.gemv(x, *weight, **fused)
+        codes, scales, input_scale = weight
+        return fp8_gemv.gemv(x, codes, scales, input_scale=input_scale, **fused)
     if not on_skinny(weight, x.numel() // x.shape[-1], fast):
         return kernels.gemv(x, weight, **fused)
     return skinny_kernel.skinny(x, weight, **fused)
@@ -100,5 +106,5 @@ def gemv(
 
 def product_weight(linear_module: torch.nn.Module) -> Weight:
     if isinstance(linear_module, Fp8Linear):
-        return linear_module.weight, linear_module.weight_scale
+        return linear_module.weight, linear_module.weight_scale, linear_module.input_scale
     return linear_module.weight

@@ -297,6 +297,7 @@ def _verify_equals_plain(fast) -> None:
     [
         "compressed-tensors/fp8_dynamic",
         "compressed-tensors/fp8_dynamic_ignore_down",  # bf16 down projections beside FP8 ones
+        "compressed-tensors/fp8",  # static input scales
         "modelopt/fp8_default",
         "modelopt/fp8_per_channel",
     ],
