@@ -54,14 +54,18 @@ def read_bytes(model: torch.nn.Module) -> int:
     return sum(seen.values())
 
 
-def engine_run(quantization: str) -> dict:
-    """Batch 1 and 16 through LLMEngine, the decode graphs, and speculation, for one setting."""
+def engine_run(run: str) -> dict:
+    """Batch 1 and 16 through LLMEngine, the decode graphs, and speculation, for one setting:
+    ``none`` (bf16), ``fp8`` (per-token activation scales) or ``fp8-static``
+    (``fp8_activation_scales=calibrate``: static input scales calibrated at load)."""
+    quantization, _, scales = run.partition("-")
     settings = EngineSettings(device="cuda", quantization=quantization, max_batch_size=16,
-                              max_seq_len=1024, eager=False)  # fmt: skip
+                              max_seq_len=1024, eager=False,
+                              fp8_activation_scales="calibrate" if scales else "auto")  # fmt: skip
     config = EngineConfig.from_settings(settings, f"random:{SHAPE}")
     t0 = time.perf_counter()
-    loaded = load_model(config.model, Path("/tmp"), config.device, config.dtype, quantization)
-    engine = LLMEngine(config, model_dir=None, loaded=loaded)
+    engine = LLMEngine(config, model_dir=Path("/tmp"))
+    loaded = engine.loaded
     nbytes = read_bytes(loaded.model)
     res: dict = {"load_and_init_s": time.perf_counter() - t0, "weight_bytes_read": nbytes,
                  "roofline_tok_s": DATASHEET_BYTES_PER_S / nbytes}  # fmt: skip
@@ -176,6 +180,10 @@ def main() -> None:
         out[name + "_s"] = time.perf_counter() - t0
         save()
         print(json.dumps({name: out[name]}, default=str)[:3000], flush=True)
+    if "none" in out and "fp8-static" in out and "b1" in out["fp8-static"]:
+        out["fp8_static_over_bf16_b1"] = (
+            out["fp8-static"]["b1"]["steady_tok_s"] / out["none"]["b1"]["steady_tok_s"]
+        )
     if "none" in out and "fp8" in out and "b1" in out["fp8"] and "b1" in out["none"]:
         fp8_b1, bf16_b1 = out["fp8"]["b1"]["steady_tok_s"], out["none"]["b1"]["steady_tok_s"]
         out["fp8_over_bf16_b1"] = fp8_b1 / bf16_b1

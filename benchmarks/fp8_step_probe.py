@@ -26,15 +26,16 @@ from mathagent.config import EngineSettings
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.cuda import attention, fp8_gemv
 from mathagent.serving.engine.llm_engine import LLMEngine
-from mathagent.serving.engine.loader import load_model
 
 
-def engine(quantization: str) -> LLMEngine:
+def engine(run: str) -> LLMEngine:
+    """``none``, ``fp8`` or ``fp8-static`` (static input scales calibrated at load)."""
+    quantization, _, scales = run.partition("-")
     settings = EngineSettings(device="cuda", quantization=quantization, max_batch_size=1,
-                              max_seq_len=1024, eager=False)  # fmt: skip
+                              max_seq_len=1024, eager=False,
+                              fp8_activation_scales="calibrate" if scales else "auto")  # fmt: skip
     config = EngineConfig.from_settings(settings, f"random:{SHAPE}")
-    loaded = load_model(config.model, Path("/tmp"), config.device, config.dtype, quantization)
-    return LLMEngine(config, model_dir=None, loaded=loaded)
+    return LLMEngine(config, model_dir=Path("/tmp"))
 
 
 @contextlib.contextmanager
@@ -42,10 +43,10 @@ def static_rows():
     """Each product's codes and scale made once (no row kernel in the graph)."""
     real, made = fp8_gemv.quantize_row, {}
 
-    def quantize_row(x, k, norm, eps, pro, pdl):
+    def quantize_row(x, k, norm, eps, pro, pdl, input_scale=None):
         key = (k, pro)
         if key not in made:
-            made[key] = real(x, k, norm, eps, pro, pdl)
+            made[key] = real(x, k, norm, eps, pro, pdl, input_scale)
         return made[key]
 
     fp8_gemv.quantize_row = quantize_row
@@ -102,14 +103,15 @@ def no_layers(forward):
 @contextlib.contextmanager
 def variant(spec: str):
     """fp8 GEMV settings for one A/B, restored after: ``;``-separated ``GLU=0|1``, ``A16=0|1``
-    (one-row products read the plain row: W8A16, no row kernels), ``cfg=NxK:bn,bk,warps`` (a
+    (one-row products read the plain row: W8A16, no row kernels), ``GLU_CODES=0|1`` (static
+    scales: GLU w13 writes w2's codes), ``cfg=NxK:bn,bk,warps`` (a
     plain launch shape), ``glu=NxK:bn,bk,warps`` (w13's GLU launch shape, rows of each half)."""
     plain, glu, glu_on = dict(fp8_gemv.FP8_GEMV_CONFIGS), dict(fp8_gemv.GLU_CONFIGS), fp8_gemv.GLU
-    a16 = fp8_gemv.A16
+    a16, glu_codes = fp8_gemv.A16, fp8_gemv.GLU_CODES
     tables = {"cfg": fp8_gemv.FP8_GEMV_CONFIGS, "glu": fp8_gemv.GLU_CONFIGS}
     for part in filter(None, spec.split(";")):
         key, value = part.split("=")
-        if key in ("GLU", "A16"):
+        if key in ("GLU", "A16", "GLU_CODES"):
             setattr(fp8_gemv, key, value == "1")
             continue
         shape_text, launch = value.split(":")
@@ -121,7 +123,7 @@ def variant(spec: str):
         for table, saved in ((fp8_gemv.FP8_GEMV_CONFIGS, plain), (fp8_gemv.GLU_CONFIGS, glu)):
             table.clear()
             table.update(saved)
-        fp8_gemv.GLU, fp8_gemv.A16 = glu_on, a16
+        fp8_gemv.GLU, fp8_gemv.A16, fp8_gemv.GLU_CODES = glu_on, a16, glu_codes
 
 
 def graph_ms(graphs, reps: int = 50) -> float:
@@ -175,7 +177,7 @@ def probe(quantization: str, variants: list[str], ablate: bool) -> dict:
             res[name + "_ms"] = graph_ms(graphs)
         print(name, round(res[name + "_ms"], 4), flush=True)
     for spec in variants:
-        if quantization != "fp8":  # the variants set the fp8 GEMV only
+        if not quantization.startswith("fp8"):  # the variants set the fp8 GEMV only
             continue
         try:
             with variant(spec):

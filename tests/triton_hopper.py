@@ -49,21 +49,27 @@ def fp8_gemv_launches() -> list[dict]:
     from mathagent.serving.engine.cuda.fp8_gemv_kernels import _fp8_gemv_kernel
 
     args = {"q_ptr": "e4m3", "s_ptr": "f32", "w_ptr": "e4m3", "ws_ptr": "f32", "y_ptr": "bf16",
-            "r_ptr": "bf16", "g_ptr": "bf16", "N": "i32", "K": "i32", "stride_wn": "i32",
-            "eps": "float"}  # fmt: skip
+            "r_ptr": "bf16", "g_ptr": "bf16", "os_ptr": "f32", "N": "i32", "K": "i32",
+            "stride_wn": "i32", "eps": "float"}  # fmt: skip
     shapes = [(shape, cfg, False) for shape, cfg in fp8_gemv.FP8_GEMV_CONFIGS.items()]
     shapes += [(shape, cfg, True) for shape, cfg in fp8_gemv.GLU_CONFIGS.items()]
     rows = []
     for (n, k), cfg, glu in shapes:
         pro = int(n > k)  # a Llama layer's widening products (qkv, w13) take a normed input
-        for a16 in (False, True):
+        for a16, codes in ((False, False), (True, False), (False, True)):
+            if codes and not glu:  # codes out: the GLU form's (GLU_CODES)
+                continue
             constexprs = {"RESID": not glu and pro == 0, "BLOCK_N": cfg.block_n,
                           "BLOCK_K": cfg.block_k, "EVICT": cfg.evict, "PDL": True, "GLU": glu,
-                          "A16": a16, "PRO": pro if a16 else 0}  # fmt: skip
-            kinds = {**args, "q_ptr": "bf16" if a16 else "e4m3"}
+                          "A16": a16, "PRO": pro if a16 else 0, "CODES": codes}  # fmt: skip
+            kinds = {
+                **args,
+                "q_ptr": "bf16" if a16 else "e4m3",
+                "y_ptr": "e4m3" if codes else "bf16",
+            }
             built = compile_for_hopper(_fp8_gemv_kernel, kinds, constexprs, cfg.num_warps)
             rows.append({"kernel": "fp8_gemv", "shape": [n, k], "glu": glu, "a16": a16,
-                         "pro": pro if a16 else 0, **built})  # fmt: skip
+                         "codes": codes, "pro": pro if a16 else 0, **built})  # fmt: skip
     return rows
 
 

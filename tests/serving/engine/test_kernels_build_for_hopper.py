@@ -1,4 +1,5 @@
-"""The FP8 one-row GEMV builds for Hopper at every shipped launch shape, W8A8 and A16, with
+"""The FP8 one-row GEMV builds for Hopper at every shipped launch shape, W8A8, A16 and the GLU
+form writing codes, with
 no more spilled registers than the measured W8A8 build: compiled ahead of time here, with
 Triton's own ptxas (:mod:`tests.triton_hopper`), before the device machine sees it."""
 
@@ -22,8 +23,8 @@ def test_fp8_gemv_builds_for_sm90_without_new_spills():
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     rows = [json.loads(line) for line in run.stdout.splitlines()]
-    assert len(rows) == 2 * 5
-    w8a8 = {(tuple(r["shape"]), r["glu"]): r for r in rows if not r["a16"]}
+    assert len(rows) == 2 * 5 + 1  # W8A8 and A16 at each shape, GLU codes out (GLU_CODES)
+    w8a8 = {(tuple(r["shape"]), r["glu"]): r for r in rows if not r["a16"] and not r["codes"]}
     for row in rows:
         base = w8a8[(tuple(row["shape"]), row["glu"])]
         assert row["registers"] <= 255 and row["spill_bytes"] <= base["spill_bytes"], row

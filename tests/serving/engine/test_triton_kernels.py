@@ -468,6 +468,36 @@ def test_fp8_one_row_a16_reads_the_plain_row(dev, mode, monkeypatch):
     assert not called
 
 
+def test_fp8_glu_codes_out_are_the_row_kernels_codes_and_feed_w2(dev):
+    """GLU_CODES: the one-row GLU w13 stores silu(gate) * up as w2's e4m3 codes with w2's
+    static scale, bit for bit what the row kernel makes of the bf16 result; w2 reads them
+    (no row kernel) and computes what it computes from the bf16 row."""
+    from mathagent.serving.engine import fp8_format
+    from mathagent.serving.engine.cuda import fp8_gemv
+
+    torch.manual_seed(8)
+    n, k, bf16 = 256, 1024, torch.bfloat16
+    codes, scale = fp8_format.quantize_rows(torch.randn(2 * n, k, device=dev))
+    w2, s2 = fp8_format.quantize_rows(torch.randn(k, n, device=dev))
+    scale, s2 = scale.squeeze(-1), s2.squeeze(-1)
+    g = torch.randn(k, device=dev, dtype=bf16)
+    x, r = torch.randn(1, k, device=dev, dtype=bf16), torch.randn(1, k, device=dev, dtype=bf16)
+    kw = dict(norm=g, eps=1e-5, glu=True)
+    act = fp8_gemv.gemv(x, codes, scale, **kw)
+    static = act.float().abs().amax().reshape(1) / 448 * 0.8  # the largest clamp
+    act_codes = fp8_gemv.gemv(x, codes, scale, out_scale=static, **kw)
+    assert act_codes.dtype == torch.float8_e4m3fn and act_codes.shape == act.shape
+    want, _ = fp8_format.quantize_rows(act, static)
+    assert torch.equal(act_codes.view(torch.uint8), want.view(torch.uint8))
+    from_codes = fp8_gemv.gemv(act_codes, w2, s2, residual=r, input_scale=static)
+    from_row = fp8_gemv.gemv(act, w2, s2, residual=r, input_scale=static)
+    assert from_codes.dtype == bf16 and torch.equal(from_codes, from_row)
+    with pytest.raises(ValueError, match="codes in need"):
+        fp8_gemv.gemv(act_codes, w2, s2, input_scale=static)
+    with pytest.raises(ValueError, match="codes out"):
+        fp8_gemv.gemv(x, codes, scale, out_scale=static, norm=g, eps=1e-5)
+
+
 def test_fp8_one_row_glu_writes_silu_of_gate_times_up(dev):
     """w13 in the GLU form at one row (gate rows then up rows, normed input): the FP8 model's
     product, then silu(gate) * up in the eager model's roundings; the same codes and sums as

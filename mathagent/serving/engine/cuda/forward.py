@@ -24,6 +24,7 @@ from mathagent.serving.engine.cuda import skinny as skinny_kernel
 from mathagent.serving.engine.cuda.products import (
     fused_ok,
     gemv,
+    glu_codes,
     glu_form,
     linear,
     product_weight,
@@ -155,7 +156,7 @@ def layer_step(
         h = gemv(o, wo, shape.fast, residual=h)
         rows = bsz * width
         if glu_form(w13, rows, shape.fast):
-            act = gemv(h, w13, shape.fast, norm=ln2, eps=eps, glu=True)
+            act = gemv(h, w13, shape.fast, norm=ln2, eps=eps, glu=True, **glu_codes(w13, w2))
             return gemv(act, w2, shape.fast, residual=h), None
         gate_up = gemv(h, w13, shape.fast, norm=ln2, eps=eps)
         return gemv(gate_up, w2, shape.fast, residual=h, silu_mul=True), None

@@ -73,6 +73,9 @@ GLU = True
 # H100 (run 120, benchmarks/fp8_step_probe_h100_run120_a16.json): the per-element input work
 # costs more than the row kernels it removes.
 A16 = False
+# With static input scales (a checkpoint's, or fp8_activation_scales=calibrate), one-row w13 in
+# the GLU form writes w2's e4m3 codes itself (``out_scale``), so no row kernel runs before w2.
+GLU_CODES = True
 
 
 def fp8_gemv_config(n: int, k: int, glu: bool = False) -> Fp8GemvConfig:
@@ -175,6 +178,7 @@ def gemv(
     config: list[int] | None = None,
     glu: bool = False,
     input_scale: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``f(x) @ (weight[N, K] * weight_scale[N]).T (+ residual)`` for one row, FP8 model; for
     2..16 rows (verify, where :func:`rows_fit`) the same through the tensor-core rows kernel.
@@ -182,10 +186,18 @@ def gemv(
     ``f`` as in :func:`kernels.gemv`. ``glu``: ``weight`` holds gate rows then up rows and the
     result is ``silu(gate) * up`` ``[N / 2]``. ``config`` (the sweep's knob) overrides the one-row
     launch shape: ``[block_n, block_k, warps]``. ``input_scale``: the product's static
-    activation scale ``[1]`` (a checkpoint's), else each row's own.
+    activation scale ``[1]`` (a checkpoint's), else each row's own; one row of ``x`` may then be
+    those codes already (e4m3, with a residual: the w2 after a ``CODES`` w13). ``out_scale``
+    (one row, GLU): the result as e4m3 codes with the next product's static scale
+    (:data:`GLU_CODES`).
     """
     n, k = weight.shape
-    if x.numel() != x.shape[-1] or (config is None and (n, k) in ONE_ROW_CONFIGS):
+    codes_in = x.dtype == torch.float8_e4m3fn
+    if codes_in and (input_scale is None or residual is None or x.numel() != k):
+        raise ValueError("fp8 gemv: codes in need one row, their static scale and a residual")
+    if out_scale is not None and not (glu and x.numel() == x.shape[-1]):
+        raise ValueError("fp8 gemv: codes out are the one-row GLU form's")
+    if x.numel() != x.shape[-1] or (config is None and not codes_in and (n, k) in ONE_ROW_CONFIGS):
         rows = x.numel() // x.shape[-1]
         cfg = ONE_ROW_CONFIGS[(n, k)] if rows == 1 else fp8.rows_config(n, k, rows)
         y = _rows_gemv(x, weight, weight_scale, norm, None if glu else residual, eps, silu_mul,
@@ -197,16 +209,23 @@ def gemv(
     if config is not None:
         cfg = Fp8GemvConfig(*config, pdl=cfg.pdl)
     n_out = n // 2 if glu else n
-    if A16 and input_scale is None:  # a static scale names the W8A8 codes: the row kernel
+    if codes_in:
+        q, s, kernel_pro = x1, input_scale, 0
+    elif A16 and input_scale is None:  # a static scale names the W8A8 codes: the row kernel
         q, s, kernel_pro = x1, weight_scale, pro
     else:
         (q, s), kernel_pro = quantize_row(x1, k, norm, eps, pro, cfg.pdl, input_scale), 0
-    y = torch.empty(n_out, dtype=x.dtype, device=x.device)
+    out_dtype = (
+        torch.float8_e4m3fn if out_scale is not None else residual.dtype if codes_in else x.dtype
+    )
+    y = torch.empty(n_out, dtype=out_dtype, device=x.device)
     _fp8_gemv_kernel[(triton.cdiv(n_out, cfg.block_n),)](
         q, s, weight, weight_scale, y, x1 if residual is None else residual.reshape(n_out),
-        x1 if norm is None else norm, n_out, k, weight.stride(0), eps,
-        RESID=residual is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVICT=cfg.evict,
-        PDL=cfg.pdl, GLU=glu, A16=A16 and input_scale is None, PRO=kernel_pro, num_warps=cfg.num_warps,
+        x1 if norm is None else norm, s if out_scale is None else out_scale, n_out, k,
+        weight.stride(0), eps, RESID=residual is not None, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, EVICT=cfg.evict, PDL=cfg.pdl, GLU=glu,
+        A16=A16 and input_scale is None and not codes_in, PRO=kernel_pro,
+        CODES=out_scale is not None, num_warps=cfg.num_warps,
         launch_pdl=cfg.pdl,
     )  # fmt: skip
     return y.view(*x.shape[:-1], n_out)
@@ -214,5 +233,9 @@ def gemv(
 
 @gemv.register_fake
 def _(x, weight, weight_scale, norm=None, residual=None, eps=1e-6, silu_mul=False, config=None,
-      glu=False, input_scale=None):  # fmt: skip
-    return x.new_empty(*x.shape[:-1], weight.shape[0] // 2 if glu else weight.shape[0])
+      glu=False, input_scale=None, out_scale=None):  # fmt: skip
+    dtype = torch.float8_e4m3fn if out_scale is not None else x.dtype
+    if x.dtype == torch.float8_e4m3fn and residual is not None:
+        dtype = residual.dtype
+    n = weight.shape[0] // 2 if glu else weight.shape[0]
+    return x.new_empty(*x.shape[:-1], n, dtype=dtype)

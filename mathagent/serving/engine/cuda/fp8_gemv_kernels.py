@@ -65,10 +65,11 @@ if triton is not None:
         return acc + w.to(tl.float32) * x
 
     @triton.jit
-    def _fp8_gemv_kernel(q_ptr, s_ptr, w_ptr, ws_ptr, y_ptr, r_ptr, g_ptr, N, K, stride_wn, eps,
-                         RESID: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         EVICT: tl.constexpr, PDL: tl.constexpr, GLU: tl.constexpr,
-                         A16: tl.constexpr = False, PRO: tl.constexpr = 0):  # fmt: skip
+    def _fp8_gemv_kernel(q_ptr, s_ptr, w_ptr, ws_ptr, y_ptr, r_ptr, g_ptr, os_ptr, N, K,
+                         stride_wn, eps, RESID: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
+                         GLU: tl.constexpr, A16: tl.constexpr = False, PRO: tl.constexpr = 0,
+                         CODES: tl.constexpr = False):  # fmt: skip
         # Two weight tiles (GLU: of gate and of up) are requested before the PDL wait, then
         # two per step, both loaded before either is used (run F4: loading the second after
         # using the first left ptxas issuing it late, 10-19% slower). No tile is carried from
@@ -76,6 +77,8 @@ if triton is not None:
         # spilled). q_ptr / s_ptr: the row kernel's codes and scale of f(x); A16: q_ptr is the
         # plain bf16 row (no codes, no row kernel: W8A16) and PRO its f. GLU: w is [2N, K]
         # (gate rows, then up rows); y = silu(gate) * up, rounded as the eager model does.
+        # CODES: y is stored as the next product's e4m3 codes with its static input scale
+        # (os_ptr), the row kernel's rule on the rounded y: no row kernel before that product.
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
@@ -90,7 +93,7 @@ if triton is not None:
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
-        dt = y_ptr.dtype.element_ty
+        dt = r_ptr.dtype.element_ty  # the model dtype (y_ptr holds codes with CODES)
         sx = tl.full([], 1.0, tl.float32) if A16 else tl.load(s_ptr)  # A16: f(x) per tile
         z = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         acc = _fma_tile(z, wa, q_ptr, 0, rk, rn, g_ptr, K, PRO, dt)
@@ -123,4 +126,7 @@ if triton is not None:
         if RESID:
             r = tl.load(r_ptr + rn, mask=rn < N, other=0.0)
             y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
+        if CODES:
+            inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), tl.load(os_ptr))
+            y = _quantize_codes(y.to(tl.float32), inv)
         tl.store(y_ptr + rn, y, mask=rn < N)

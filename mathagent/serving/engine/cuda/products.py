@@ -91,6 +91,14 @@ def glu_form(weight: Weight, rows: int, fast: frozenset[tuple[int, int]]) -> boo
     return on_skinny(weight, rows, fast) and skinny_kernel.glu_form(weight, rows)
 
 
+def glu_codes(w13: Weight, w2: Weight) -> dict[str, torch.Tensor]:
+    """``gemv``'s ``out_scale`` for a GLU-form w13 whose w2 is FP8 with a static input scale
+    (:data:`fp8_gemv.GLU_CODES`: w13 writes w2's codes), else nothing."""
+    if isinstance(w13, tuple) and isinstance(w2, tuple) and w2[2] is not None:
+        return {"out_scale": w2[2]} if fp8_gemv.GLU_CODES else {}
+    return {}
+
+
 def gemv(
     x: torch.Tensor, weight: Weight, fast: frozenset[tuple[int, int]], **fused
 ) -> torch.Tensor:
