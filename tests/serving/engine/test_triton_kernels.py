@@ -194,6 +194,30 @@ def test_rope_attention_equals_rotate_scatter_attend(dev):
     assert rel(out, ref) < 1e-5
 
 
+def test_rope_attention_writes_the_output_projections_codes(dev):
+    """ATTENTION_CODES: with the output projection's static FP8 scale the kernel stores the
+    e4m3 codes of what it would store in bf16, bit for bit (split stretches merged or not)."""
+    from mathagent.serving.engine import fp8_format
+
+    torch.manual_seed(2)
+    b, t, h, hkv, d, max_seq, bf16 = 1, 1, 8, 2, 64, 256, torch.bfloat16
+    qkv = torch.randn(b, t, (h + 2 * hkv) * d, device=dev, dtype=bf16)
+    freqs = torch.outer(torch.arange(256.0), 1e-4 ** (torch.arange(0, d, 2) / d)).to(dev)
+    cos, sin = (f(torch.cat([freqs, freqs], -1)).to(bf16) for f in (torch.cos, torch.sin))
+    tree = torch.ones(b, t, t, dtype=torch.int8, device=dev)
+    for at in (10, 200):  # one stretch; several, merged by the last
+        cache = torch.randn(2, 2, hkv, max_seq, d, device=dev, dtype=bf16)  # k, v; 2 slots
+        start = torch.tensor([at], device=dev)
+        pos, slots = start[:, None].contiguous(), torch.tensor([1], device=dev)
+        args = (slots, start, tree, pos, cos, sin, h)
+        plain = cuda_attention.rope_attention(qkv, *cache.clone(), *args)
+        static = plain.float().abs().amax().reshape(1) / 448 * 0.7
+        codes = cuda_attention.rope_attention(qkv, *cache.clone(), *args, out_scale=static)
+        want, _ = fp8_format.quantize_rows(plain.reshape(1, -1), static)
+        assert codes.dtype == torch.float8_e4m3fn
+        assert torch.equal(codes.reshape(1, -1).view(torch.uint8), want.view(torch.uint8)), at
+
+
 def _eagle3_proposer(dev: torch.device):
     """A random EAGLE-3 head (hidden 512, 8 heads, vocabulary 512) over a 2-layer random
     target on ``dev``."""
@@ -519,3 +543,53 @@ def test_fp8_one_row_glu_writes_silu_of_gate_times_up(dev):
         got = fp8_gemv.gemv(x, codes, scale, norm=g, eps=1e-5, config=cfg, glu=True)
         assert got.shape == (1, n // 2) and rel(got, ref) < 4e-3, cfg
         assert max_rel(got, F.silu(pg) * pu) < 1e-2, cfg
+
+
+def test_fp8_layer_with_producer_written_codes_equals_the_row_kernels(dev, monkeypatch):
+    """A one-row FP8 layer with static input scales: the attention writing wo's codes and the
+    GLU w13 writing w2's (ATTENTION_CODES, GLU_CODES) computes bit for bit what the same layer
+    computes with a row kernel before wo and w2; both cache writes agree too."""
+    from mathagent.serving.engine import loader
+    from mathagent.serving.engine.cuda import fp8_gemv
+    from mathagent.serving.engine.cuda.forward import (
+        LayerShape,
+        StepInputs,
+        layer_step,
+        layer_weights,
+    )
+    from mathagent.serving.engine.model import ModelArgs, Transformer, rope_table
+    from mathagent.serving.engine.quant import quantize_fp8
+
+    torch.manual_seed(0)
+    shape = dict(vocab_size=64, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                 num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"])  # fmt: skip
+    model = Transformer(ModelArgs.from_hf_config(shape)).eval()
+    for p in model.parameters():
+        p.data.normal_(0.0, 0.08)
+    model = quantize_fp8(model)
+    loader.calibrate_fp8(loader.LoadedModel(model, None, "t", None, ()), torch.bfloat16)
+    model = model.to(dev)
+    a, bf16, max_seq = model.args, torch.bfloat16, 64
+    weights = layer_weights(model.layers[0])
+    assert weights[5][2] is not None and weights[8][2] is not None  # wo, w2: static scales
+    layer = LayerShape(a.num_heads, a.num_kv_heads, a.head_dim, a.intermediate_size,
+                       a.rms_norm_eps, frozenset())  # fmt: skip
+    inp = StepInputs.allocate(1, 1, dev)
+    for field in (inp.positions, inp.write, inp.start):
+        field.fill_(9)
+    cos, sin = (t.to(dev, bf16).contiguous() for t in rope_table(a, max_seq))
+    h = torch.randn(1, 1, a.hidden_size, device=dev, dtype=bf16)
+    kv = torch.randn(2, 2, a.num_kv_heads, max_seq, a.head_dim, device=dev, dtype=bf16)
+    outs, real, calls = {}, fp8_gemv.quantize_row, []
+    monkeypatch.setattr(fp8_gemv, "quantize_row", lambda *a: calls.append(1) or real(*a))
+    for on in (True, False):
+        monkeypatch.setattr(fp8_gemv, "ATTENTION_CODES", on)
+        monkeypatch.setattr(fp8_gemv, "GLU_CODES", on)
+        k_cache, v_cache = kv.clone()
+        calls.clear()
+        out, delta = layer_step(layer, weights, h, None, k_cache, v_cache, cos, sin, inp)
+        assert delta is None  # the fused one-row layer
+        assert len(calls) == (2 if on else 4)  # row kernels: before qkv and w13 only, or all
+        outs[on] = (out, k_cache, v_cache)
+    for a_, b_ in zip(outs[True], outs[False], strict=True):
+        assert torch.equal(a_, b_)

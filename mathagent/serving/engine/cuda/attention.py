@@ -24,18 +24,21 @@ try:
 except ImportError:  # CPU-only installs have no Triton; the CUDA path is then unavailable
     triton = None
 
+if triton is not None:
+    from mathagent.serving.engine.cuda.fp8 import _quantize_codes
+
 
 if triton is not None:
 
     @triton.jit
     def _attn_kernel(
         q_ptr, k_ptr, v_ptr, slots_ptr, start_ptr, tree_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr,
-        out_ptr, pos_ptr, cos_ptr, sin_ptr, qk_scale, stride_qb, stride_qt, stride_qh,
+        out_ptr, pos_ptr, cos_ptr, sin_ptr, os_ptr, qk_scale, stride_qb, stride_qt, stride_qh,
         stride_ks, stride_kh, stride_kp, stride_ob, stride_ot, stride_oh,
         HKV: tl.constexpr, T: tl.constexpr, G: tl.constexpr, D: tl.constexpr,
         QROWS: tl.constexpr, PART: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
         MAX_SEQ: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
-        TP: tl.constexpr, GS: tl.constexpr,
+        TP: tl.constexpr, GS: tl.constexpr, CODES: tl.constexpr = False,
     ):  # fmt: skip
         """One program per (row, KV head, group of its query heads, split): online-softmax
         attention over a slot's cache. GS: the KV head's G query heads in GS programs of G / GS
@@ -48,6 +51,8 @@ if triton is not None:
         # ROPE: q_ptr is the QKV projection [B, T, (H + 2 Hkv) * D] before rotary; this kernel
         # rotates q and the new k (positions pos [B, T], tables cos/sin [*, D]) and writes the
         # new k and v into the cache, so no separate rotary and scatter kernels run.
+        # CODES: the output is stored as the next FP8 product's e4m3 codes with its static
+        # input scale (os_ptr), the row kernel's rule on the model-dtype value.
         if PDL:  # let the next product (launched with PDL) start streaming its weights
             tl.extra.cuda.gdc_launch_dependents()
         pid, split = tl.program_id(0), tl.program_id(1)
@@ -120,7 +125,7 @@ if triton is not None:
         o_ptrs = out_ptr + o_off + d[None, :]
         if n_active == 1:  # one stretch covers the row: no merge
             out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-            tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+            tl.store(o_ptrs, _stored(out, q_ptr, os_ptr, CODES), mask=row_ok[:, None])
         else:
             ws = (pid * NSPLIT + split) * QROWS
             tl.store(m_ptr + ws + r, m_i)
@@ -130,8 +135,17 @@ if triton is not None:
             # The last stretch to finish merges all of them (no second kernel per layer).
             if tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel") == n_active - 1:
                 out = _attn_merge(m_ptr, l_ptr, acc_ptr, pid, r, d, n_active, D, QROWS, NSPLIT)
-                tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+                tl.store(o_ptrs, _stored(out, q_ptr, os_ptr, CODES), mask=row_ok[:, None])
                 tl.store(cnt_ptr + pid, 0)  # ready for the next launch
+
+    @triton.jit
+    def _stored(out, q_ptr, os_ptr, CODES: tl.constexpr):
+        # the output in the model dtype (q's), or that value's e4m3 codes (CODES)
+        val = out.to(q_ptr.dtype.element_ty)
+        if CODES:
+            inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), tl.load(os_ptr))
+            val = _quantize_codes(val.to(tl.float32), inv)
+        return val
 
     @triton.jit
     def _rope(x, x_ptrs, mask, pos, cos_ptr, sin_ptr, d, D: tl.constexpr):
@@ -213,23 +227,27 @@ def rope_attention(
     cos: torch.Tensor,
     sin: torch.Tensor,
     n_heads: int,
+    out_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`decode_attention` fed by the QKV projection ``[B, T, (H + 2 Hkv) * D]``.
 
     Rotates q and the new k by ``positions [B, T]`` (half-split tables ``cos/sin [*, D]``),
     writes the new k and v into the cache at ``start[b] + t`` of slot ``slots[b]`` (positions
     past the cache are dropped) and attends as :func:`decode_attention`; one kernel instead of
-    rotary, scatter and attention. Returns ``[B, T, H, D]``.
+    rotary, scatter and attention. Returns ``[B, T, H, D]``: in the model dtype, or with
+    ``out_scale`` (the output projection's static FP8 input scale ``[1]``) its e4m3 codes.
     """
     bsz, t = qkv.shape[:2]
     d = k_cache.shape[3]
     view = qkv.view(bsz, t, -1, d)  # [B, T, H + 2 Hkv, D]
-    return _attention(view, k_cache, v_cache, slots, start, tree, n_heads, (positions, cos, sin))
+    return _attention(view, k_cache, v_cache, slots, start, tree, n_heads, (positions, cos, sin),
+                      out_scale=out_scale)  # fmt: skip
 
 
 @rope_attention.register_fake
-def _(qkv, k_cache, v_cache, slots, start, tree, positions, cos, sin, n_heads):
-    return qkv.new_empty(qkv.shape[0], qkv.shape[1], n_heads, k_cache.shape[3])
+def _(qkv, k_cache, v_cache, slots, start, tree, positions, cos, sin, n_heads, out_scale=None):
+    dtype = qkv.dtype if out_scale is None else torch.float8_e4m3fn
+    return qkv.new_empty(qkv.shape[0], qkv.shape[1], n_heads, k_cache.shape[3], dtype=dtype)
 
 
 def head_groups(width: int, g: int) -> int:
@@ -247,7 +265,8 @@ def head_groups(width: int, g: int) -> int:
 SPLIT_HEADS = True
 
 
-def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None) -> torch.Tensor:
+def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None,
+               out_scale=None) -> torch.Tensor:  # fmt: skip
     """Launch the split-KV kernel over ``q [B, T, >=H, D]`` (the first ``h`` heads are queries);
     ``launch`` = (positions per split, positions per block, warps[, programs per KV head])
     overrides the default (benchmarks/attention_sweep.py)."""
@@ -268,16 +287,18 @@ def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None) ->
     m = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
     lsum = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
     acc = torch.empty(ws_rows, d, dtype=torch.float32, device=q.device)
-    out = q.new_empty(bsz, t, h, d)
+    out = q.new_empty(bsz, t, h, d, dtype=q.dtype if out_scale is None else torch.float8_e4m3fn)
     positions, cos, sin = rope if rope is not None else (start, start, start)
     assert positions.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
     _attn_kernel[(programs, nsplit)](
         q, k_cache, v_cache, slots, start, tree, m, lsum, acc,
-        arrival_counters("attention", programs, q.device), out, positions, cos, sin, math.log2(math.e) / math.sqrt(d),
+        arrival_counters("attention", programs, q.device), out, positions, cos, sin,
+        m if out_scale is None else out_scale, math.log2(math.e) / math.sqrt(d),
         q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1),
         k_cache.stride(2), out.stride(0), out.stride(1), out.stride(2),
         HKV=hkv, T=t, G=g, D=d, QROWS=qrows, PART=part, BLOCK_S=block_s, NSPLIT=nsplit,
         MAX_SEQ=max_seq, IEEE=q.dtype == torch.float32, PDL=q.is_cuda and pdl_supported(),
-        ROPE=rope is not None, TP=triton.next_power_of_2(t), GS=gs, num_warps=warps,
+        ROPE=rope is not None, TP=triton.next_power_of_2(t), GS=gs, CODES=out_scale is not None,
+        num_warps=warps,
     )  # fmt: skip
     return out

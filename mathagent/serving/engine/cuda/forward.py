@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from mathagent.serving.engine.cuda import attention, kernels
 from mathagent.serving.engine.cuda import skinny as skinny_kernel
 from mathagent.serving.engine.cuda.products import (
+    attention_codes,
     fused_ok,
     gemv,
     glu_codes,
@@ -140,8 +141,9 @@ def layer_step(
     else:
         qkv = linear(rms_norm(h, ln1, eps), wqkv, shape.fast, bqkv, shape.skinny)
     if q_norm is None or k_norm is None:  # rotary and the K/V write run in the attention
+        codes = attention_codes(wo, bsz * width, shape.fast) if fused else {}
         o = attention.rope_attention(qkv, k_cache, v_cache, inp.slots, inp.start, inp.tree,
-                                        inp.positions, cos, sin, nh)  # fmt: skip
+                                        inp.positions, cos, sin, nh, **codes)  # fmt: skip
     else:
         q, k, v = qkv.split([nh * hd, nkv * hd, nkv * hd], dim=-1)
         q, k = q.view(bsz, width, nh, hd), k.view(bsz, width, nkv, hd)

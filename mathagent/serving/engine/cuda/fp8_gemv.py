@@ -76,6 +76,8 @@ A16 = False
 # With static input scales (a checkpoint's, or fp8_activation_scales=calibrate), one-row w13 in
 # the GLU form writes w2's e4m3 codes itself (``out_scale``), so no row kernel runs before w2.
 GLU_CODES = True
+# The same for the output projection: the one-row attention writes wo's codes.
+ATTENTION_CODES = True
 
 
 def fp8_gemv_config(n: int, k: int, glu: bool = False) -> Fp8GemvConfig:

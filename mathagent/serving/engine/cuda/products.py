@@ -91,6 +91,15 @@ def glu_form(weight: Weight, rows: int, fast: frozenset[tuple[int, int]]) -> boo
     return on_skinny(weight, rows, fast) and skinny_kernel.glu_form(weight, rows)
 
 
+def attention_codes(wo: Weight, rows: int, fast: frozenset[tuple[int, int]]) -> dict:
+    """``rope_attention``'s ``out_scale`` where the output projection is a one-row FP8 GEMV
+    with a static input scale (:data:`fp8_gemv.ATTENTION_CODES`: the attention writes its
+    codes), else nothing."""
+    if isinstance(wo, tuple) and wo[2] is not None and rows == 1 and gemv_ok(wo, fast):
+        return {"out_scale": wo[2]} if fp8_gemv.ATTENTION_CODES else {}
+    return {}
+
+
 def glu_codes(w13: Weight, w2: Weight) -> dict[str, torch.Tensor]:
     """``gemv``'s ``out_scale`` for a GLU-form w13 whose w2 is FP8 with a static input scale
     (:data:`fp8_gemv.GLU_CODES`: w13 writes w2's codes), else nothing."""
