@@ -17,7 +17,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-_TYPES = {"bf16": "*bf16", "f32": "*fp32", "e4m3": "*fp8e4nv", "i32": "i32", "float": "fp32"}
+_TYPES = {"bf16": "*bf16", "f32": "*fp32", "e4m3": "*fp8e4nv", "i32": "i32", "float": "fp32",
+          "i64p": "*i64", "i32p": "*i32", "i8p": "*i8"}  # fmt: skip
 
 
 def compile_for_hopper(fn, args: dict[str, str], constexprs: dict, num_warps: int) -> dict:
@@ -73,6 +74,43 @@ def fp8_gemv_launches() -> list[dict]:
     return rows
 
 
+def static_scale_launches() -> list[dict]:
+    """The kernels that take a static FP8 input scale or write codes, each way, at the 8B
+    decode shape: the row kernels (STATIC) and the split-KV attention (CODES: wo's codes)."""
+    from mathagent.serving.engine.cuda.attention import _attn_kernel
+    from mathagent.serving.engine.cuda.fp8 import _quant_rows_kernel
+    from mathagent.serving.engine.cuda.fp8_gemv_kernels import _fp8_row_kernel
+
+    rows = []
+    for static in (False, True):
+        args = {"x_ptr": "bf16", "g_ptr": "bf16", "is_ptr": "f32", "q_ptr": "e4m3",
+                "s_ptr": "f32", "K": "i32", "stride_x": "i32", "eps": "float"}  # fmt: skip
+        consts = {"PRO": 1, "BLOCK": 4096, "PDL": True, "STATIC": static}
+        rows.append({"kernel": "fp8_row", "static": static,
+                     **compile_for_hopper(_fp8_row_kernel, args, consts, 8)})  # fmt: skip
+        args = {"x_ptr": "bf16", "is_ptr": "f32", "q_ptr": "e4m3", "s_ptr": "f32", "K": "i32",
+                "stride_x": "i32"}  # fmt: skip
+        consts = {"BLOCK_K": 1024, "STATIC": static}
+        rows.append({"kernel": "fp8_quant_rows", "static": static,
+                     **compile_for_hopper(_quant_rows_kernel, args, consts, 4)})  # fmt: skip
+    ptrs = {"q_ptr": "bf16", "k_ptr": "bf16", "v_ptr": "bf16", "slots_ptr": "i64p",
+            "start_ptr": "i64p", "tree_ptr": "i8p", "m_ptr": "f32", "l_ptr": "f32",
+            "acc_ptr": "f32", "cnt_ptr": "i32p", "out_ptr": "bf16", "pos_ptr": "i64p",
+            "cos_ptr": "bf16", "sin_ptr": "bf16", "os_ptr": "f32", "qk_scale": "float"}  # fmt: skip
+    strides = ("stride_qb", "stride_qt", "stride_qh", "stride_ks", "stride_kh", "stride_kp",
+               "stride_ob", "stride_ot", "stride_oh")  # fmt: skip
+    for codes in (False, True):
+        args = {**ptrs, **dict.fromkeys(strides, "i32"), "out_ptr": "e4m3" if codes else "bf16"}
+        consts = {"HKV": 8, "T": 1, "G": 4, "D": 128, "QROWS": 16, "PART": 64, "BLOCK_S": 64,
+                  "NSPLIT": 16, "MAX_SEQ": 1024, "IEEE": False, "PDL": True, "ROPE": True,
+                  "TP": 1, "GS": 1, "CODES": codes}  # fmt: skip
+        rows.append({"kernel": "attention", "codes": codes,
+                     **compile_for_hopper(_attn_kernel, args, consts, 4)})  # fmt: skip
+    return rows
+
+
 if __name__ == "__main__":
+    for row in static_scale_launches():
+        print(json.dumps(row), flush=True)
     for row in fp8_gemv_launches():
         print(json.dumps(row), flush=True)

@@ -22,7 +22,11 @@ def test_fp8_gemv_builds_for_sm90_without_new_spills():
     run = subprocess.run([sys.executable, "-m", "tests.triton_hopper"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
-    rows = [json.loads(line) for line in run.stdout.splitlines()]
+    every = [json.loads(line) for line in run.stdout.splitlines()]
+    # the static-scale kernels (row kernels, attention writing codes) build both ways
+    others = [r for r in every if r["kernel"] != "fp8_gemv"]
+    assert len(others) == 6 and all(r["registers"] <= 255 for r in others), others
+    rows = [r for r in every if r["kernel"] == "fp8_gemv"]
     assert len(rows) == 2 * 5 + 1  # W8A8 and A16 at each shape, GLU codes out (GLU_CODES)
     w8a8 = {(tuple(r["shape"]), r["glu"]): r for r in rows if not r["a16"] and not r["codes"]}
     for row in rows:
