@@ -61,10 +61,10 @@ def static_attention():
     """The attention's output made once (no attention kernel in the graph)."""
     real, made = attention._attention, {}
 
-    def fake(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None):
-        key = (tuple(q.shape), h)
+    def fake(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None, out_scale=None):
+        key = (tuple(q.shape), h, out_scale is None)
         if key not in made:
-            made[key] = real(q, k_cache, v_cache, slots, start, tree, h, rope, launch)
+            made[key] = real(q, k_cache, v_cache, slots, start, tree, h, rope, launch, out_scale)
         return made[key]
 
     attention._attention = fake
