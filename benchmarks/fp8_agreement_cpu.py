@@ -27,7 +27,7 @@ from mathagent.config import EngineSettings, Settings
 from mathagent.model_store import resolve_model
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.llm_engine import LLMEngine
-from mathagent.serving.engine.loader import load_model
+from mathagent.serving.engine.loader import calibrate_fp8, load_model
 from mathagent.serving.engine.quant import quantize_fp8
 from mathagent.serving.engine.sampling_params import SamplingParams
 
@@ -37,6 +37,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=Path, required=True)
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--activation-scales", choices=["auto", "calibrate"], default="auto",
+                        help="calibrate: the FP8 model with static input scales "
+                        "(MATHAGENT_ENGINE__FP8_ACTIVATION_SCALES=calibrate's calibration)")  # fmt: skip
     args = parser.parse_args()
     model_dir = Settings().model_dir
     spec = resolve_model(None, model_dir)
@@ -45,6 +48,8 @@ def main() -> None:
     bf16 = LLMEngine(config, model_dir)
     fp8_loaded = load_model(spec, model_dir, config.device, torch.float32)
     fp8_loaded.model = quantize_fp8(fp8_loaded.model, torch.bfloat16)
+    if args.activation_scales == "calibrate":
+        calibrate_fp8(fp8_loaded, torch.bfloat16)
     fp8 = LLMEngine(replace(config, model=None), model_dir, fp8_loaded)
     prompts = agent_prompts(bf16, args.prompts, args.limit)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
@@ -58,7 +63,8 @@ def main() -> None:
         rows.append({"bf16_tokens": len(a.token_ids), "fp8_tokens": len(b.token_ids),
                      "first_divergence": first, "identical": a.token_ids == b.token_ids})  # fmt: skip
     firsts = [r["first_divergence"] for r in rows if r["first_divergence"] is not None]
-    out = {"model": bf16.model_name, "problems": len(rows), "max_tokens": args.max_tokens,
+    out = {"model": bf16.model_name, "activation_scales": args.activation_scales,
+           "problems": len(rows), "max_tokens": args.max_tokens,
            "identical": sum(r["identical"] for r in rows),
            "median_first_divergence": sorted(firsts)[len(firsts) // 2] if firsts else None,
            "seconds": time.perf_counter() - t0, "rows": rows}  # fmt: skip
