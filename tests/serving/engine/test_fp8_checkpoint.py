@@ -176,6 +176,27 @@ def test_unsupported_schemes_and_settings_are_refused(tmp_path):
         EngineConfig.from_settings(EngineSettings(device="cpu", quantization="fp8"))
 
 
+def test_a_static_scheme_needs_its_input_scales(tmp_path):
+    """compressed-tensors with ``input_activations.dynamic: false`` (and ModelOpt FP8) declare
+    static scales: a product without one is refused by name; groups must agree."""
+    _hf_llama(tmp_path)
+    _rewrite_fp8(tmp_path, "channel")  # channel weights, no input_scale written
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    qc = _compressed_tensors_config("channel")
+    qc["config_groups"]["group_0"]["input_activations"]["dynamic"] = False
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": qc}))
+    with pytest.raises(
+        Fp8CheckpointError, match=r"static activation scales but layers\.0\..* has no input_scale"
+    ):
+        load_model(str(tmp_path), tmp_path, CPU, BF16, "fp8")
+    second = json.loads(json.dumps(qc["config_groups"]["group_0"]))
+    second["input_activations"]["dynamic"] = True
+    qc["config_groups"]["group_1"] = second
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "quantization_config": qc}))
+    with pytest.raises(Fp8CheckpointError, match="one activation scheme"):
+        load_model(str(tmp_path), tmp_path, CPU, BF16, "fp8")
+
+
 def test_load_time_quantisation_follows_the_fp8_rule():
     torch.manual_seed(0)
     linear = torch.nn.Linear(256, 48, bias=False)
