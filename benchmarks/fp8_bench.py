@@ -57,11 +57,13 @@ def read_bytes(model: torch.nn.Module) -> int:
 def engine_run(run: str) -> dict:
     """Batch 1 and 16 through LLMEngine, the decode graphs, and speculation, for one setting:
     ``none`` (bf16), ``fp8`` (per-token activation scales) or ``fp8-static``
-    (``fp8_activation_scales=calibrate``: static input scales calibrated at load)."""
-    quantization, _, scales = run.partition("-")
+    (``fp8_activation_scales=calibrate``: static input scales calibrated at load), ``-head``
+    added: the vocabulary head in FP8 too (``fp8_head``)."""
+    quantization, *extras = run.split("-")
     settings = EngineSettings(device="cuda", quantization=quantization, max_batch_size=16,
                               max_seq_len=1024, eager=False,
-                              fp8_activation_scales="calibrate" if scales else "auto")  # fmt: skip
+                              fp8_activation_scales="calibrate" if "static" in extras else "auto",
+                              fp8_head="head" in extras)  # fmt: skip
     config = EngineConfig.from_settings(settings, f"random:{SHAPE}")
     t0 = time.perf_counter()
     engine = LLMEngine(config, model_dir=Path("/tmp"))
@@ -180,10 +182,10 @@ def main() -> None:
         out[name + "_s"] = time.perf_counter() - t0
         save()
         print(json.dumps({name: out[name]}, default=str)[:3000], flush=True)
-    if "none" in out and "fp8-static" in out and "b1" in out["fp8-static"]:
-        out["fp8_static_over_bf16_b1"] = (
-            out["fp8-static"]["b1"]["steady_tok_s"] / out["none"]["b1"]["steady_tok_s"]
-        )
+    for run in [r for r in args.runs if r.startswith("fp8-")]:
+        if "b1" in out.get("none", {}) and "b1" in out.get(run, {}):
+            b1 = out[run]["b1"]["steady_tok_s"] / out["none"]["b1"]["steady_tok_s"]
+            out[run.replace("-", "_") + "_over_bf16_b1"] = b1
     if "none" in out and "fp8" in out and "b1" in out["fp8"] and "b1" in out["none"]:
         fp8_b1, bf16_b1 = out["fp8"]["b1"]["steady_tok_s"], out["none"]["b1"]["steady_tok_s"]
         out["fp8_over_bf16_b1"] = fp8_b1 / bf16_b1

@@ -29,11 +29,13 @@ from mathagent.serving.engine.llm_engine import LLMEngine
 
 
 def engine(run: str) -> LLMEngine:
-    """``none``, ``fp8`` or ``fp8-static`` (static input scales calibrated at load)."""
-    quantization, _, scales = run.partition("-")
+    """``none``, ``fp8`` or ``fp8-static`` (static input scales calibrated at load), with
+    ``-head``: the vocabulary head in FP8 too."""
+    quantization, *extras = run.split("-")
     settings = EngineSettings(device="cuda", quantization=quantization, max_batch_size=1,
                               max_seq_len=1024, eager=False,
-                              fp8_activation_scales="calibrate" if scales else "auto")  # fmt: skip
+                              fp8_activation_scales="calibrate" if "static" in extras else "auto",
+                              fp8_head="head" in extras)  # fmt: skip
     config = EngineConfig.from_settings(settings, f"random:{SHAPE}")
     return LLMEngine(config, model_dir=Path("/tmp"))
 

@@ -35,6 +35,11 @@ class EngineSettings(BaseModel):
         "(Hopper+) e4m3 weights per output channel, activations per token (or an FP8 "
         "checkpoint's static input scales)",
     )
+    fp8_head: bool = Field(
+        False,
+        description="fp8: the vocabulary head in e4m3 too (per row, as SGLang's "
+        "SGLANG_QUANTIZE_LM_HEAD_FP8); off = the head in bf16, as published FP8 checkpoints keep it",
+    )
     fp8_activation_scales: Literal["auto", "calibrate"] = Field(
         "auto",
         description="fp8 with weights quantised at load: auto = each token's own activation "

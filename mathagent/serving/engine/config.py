@@ -43,6 +43,7 @@ class EngineConfig:
     lookup_len: int = 0  # that chain's drafts (at least the chain's); 0: auto (lookup_depth)
     compiled_prefill: bool = False  # CUDA graphs on: compiled blocks for the steps they skip
     fp8_activation_scales: str = "auto"  # "calibrate": static input scales at load
+    fp8_head: bool = False  # the vocabulary head in FP8 too
 
     @classmethod
     def from_settings(cls, settings: EngineSettings, model: str | None = None) -> EngineConfig:
@@ -75,6 +76,7 @@ class EngineConfig:
             lookup_len=0 if settings.lookup_len == "auto" else settings.lookup_len,
             compiled_prefill=settings.compiled_prefill,
             fp8_activation_scales=settings.fp8_activation_scales,
+            fp8_head=settings.fp8_head,
         )
 
 

@@ -51,7 +51,8 @@ class LLMEngine:
             if config.model is None:
                 raise EngineConfigError("no model named: give a model spec or a loaded model")
             loaded = load_model(config.model, model_dir, config.device, config.dtype,
-                                config.quantization, config.fp8_activation_scales)  # fmt: skip
+                                config.quantization, config.fp8_activation_scales,
+                                config.fp8_head)  # fmt: skip
         if config.tokenizer is not None:
             loaded.tokenizer = load_tokenizer(config.tokenizer, model_dir)
         self.loaded = loaded

@@ -29,7 +29,7 @@ from mathagent.serving.engine.model import (
     Transformer,
     rope_table,
 )
-from mathagent.serving.engine.quant import calibrate_fp8_inputs, quantize_model
+from mathagent.serving.engine.quant import calibrate_fp8_inputs, quantize_fp8_head, quantize_model
 from mathagent.serving.engine.random_model import RANDOM_SHAPES
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
@@ -64,6 +64,7 @@ def load_model(
     dtype: torch.dtype,
     quantization: str = "none",
     fp8_activation_scales: str = "auto",
+    fp8_head: bool = False,
 ) -> LoadedModel:
     """Load the model named by ``spec`` onto ``device`` in ``dtype``, quantised if asked.
 
@@ -72,7 +73,10 @@ def load_model(
     (:mod:`~mathagent.serving.engine.fp8_checkpoint`) loads its own codes, with ``fp8`` only.
     ``fp8_activation_scales`` "calibrate": weights quantised here to fp8 get one static input
     scale per product from a calibration forward (:func:`calibrate_fp8`); "auto": per token.
+    ``fp8_head``: the vocabulary head in FP8 too (:func:`quant.quantize_fp8_head`).
     """
+    if fp8_head and quantization != "fp8":
+        raise ModelLoadError("fp8_head needs quantization fp8")
     if fp8_activation_scales not in ("auto", "calibrate"):
         raise ModelLoadError(f"fp8_activation_scales {fp8_activation_scales!r}: auto or calibrate")
     if fp8_activation_scales == "calibrate" and quantization != "fp8":
@@ -98,9 +102,13 @@ def load_model(
             )
         loaded = load_hf_folder(folder, device, dtype if scheme else load_dtype, name, scheme)
         if scheme is not None:
+            if fp8_head:
+                quantize_fp8_head(loaded.model)
             return loaded
     if quantization != "none":
         loaded.model = quantize_model(loaded.model, quantization).to(dtype)
+    if fp8_head:
+        quantize_fp8_head(loaded.model)
     if fp8_activation_scales == "calibrate":
         calibrate_fp8(loaded, dtype)
     return loaded
@@ -138,7 +146,7 @@ def calibrate_fp8(loaded: LoadedModel, dtype: torch.dtype) -> int:
             ctx = ForwardContext(cache=cache, rows=cache.rows([0], pos, n), attn_mask=None,
                                  is_causal=True, cos=cos[pos][:, :, None],
                                  sin=sin[pos][:, :, None])  # fmt: skip
-            model(ids.to(device)[None], ctx)
+            model.logits(model(ids.to(device)[None], ctx))  # the head too (fp8_head)
 
     return calibrate_fp8_inputs(model, forward)
 

@@ -140,6 +140,10 @@ class Fp8Linear(nn.Module):
         codes, scale = fp8_format.quantize_rows(linear.weight.detach())
         return cls(codes, scale.squeeze(-1), linear.bias)
 
+    def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """The weight ``[N, K]`` the codes stand for (codes times their row's scale)."""
+        return (self.weight.float() * self.weight_scale[:, None]).to(dtype)
+
     def _apply(self, fn, recurse=True):
         for name in ("weight", "weight_scale", "input_scale"):
             buf = self._buffers[name]
@@ -245,3 +249,14 @@ def quantize_fp8(model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> nn.Mo
                 if type(child) is nn.Linear:
                     setattr(parent, name, Fp8Linear.quantize(child))
     return model.to(dtype)
+
+
+def quantize_fp8_head(model: nn.Module) -> nn.Module:
+    """The vocabulary head as an :class:`Fp8Linear` too (opt-in: published FP8 checkpoints keep
+    it in the model dtype; SGLang's ``SGLANG_QUANTIZE_LM_HEAD_FP8`` and TensorRT-LLM with
+    ``lm_head`` not excluded quantise it). A head tied to the embedding gets its own codes; the
+    embedding table stays as it is for lookups."""
+    if not isinstance(model.output, Fp8Linear):
+        head = model.output
+        model.output = Fp8Linear.quantize(head).to(head.weight.device)
+    return model

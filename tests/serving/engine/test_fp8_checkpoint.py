@@ -246,3 +246,24 @@ def test_calibrated_static_input_scales_are_each_products_largest_input(tmp_path
     _compressed(tmp_path / "ckpt")
     with pytest.raises(ModelLoadError, match="its activation scales are its own"):
         load_model(str(tmp_path / "ckpt"), tmp_path, CPU, BF16, "fp8", "calibrate")
+
+
+def test_the_fp8_head_is_opt_in_and_quantised_per_row(tmp_path):
+    """fp8_head: the vocabulary head as e4m3 codes with per-row scales (the block linears'
+    rule), calibrated with the rest; a drafter reading the head's rows gets them dequantised."""
+    from mathagent.serving.engine.spec_decode.registry import head_rows
+
+    plain = load_model("random:tiny", tmp_path, CPU, BF16, "fp8").model
+    assert type(plain.output) is torch.nn.Linear
+    model = load_model("random:tiny", tmp_path, CPU, BF16, "fp8", "calibrate", fp8_head=True).model
+    head = model.output
+    assert isinstance(head, Fp8Linear) and head.input_scale is not None
+    codes, scale = quantize_rows(plain.output.weight.float())
+    assert torch.equal(head.weight.view(torch.uint8), codes.view(torch.uint8))
+    assert torch.equal(head.weight_scale, scale.squeeze(-1))
+    assert model.tok_embeddings.weight.dtype == BF16  # lookups stay in the model dtype
+    ids = torch.tensor([3, 7, 11])
+    rows = head_rows(head, ids).rows_weight
+    assert torch.equal(rows, (codes.float() * scale)[ids].to(BF16))
+    with pytest.raises(ModelLoadError, match="fp8_head needs quantization fp8"):
+        load_model("random:tiny", tmp_path, CPU, BF16, "none", fp8_head=True)

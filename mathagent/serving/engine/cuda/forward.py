@@ -192,9 +192,13 @@ class CudaForward:
         self.side = torch.cuda.Stream(device=cos.device) if cos.is_cuda else None
 
     def _product_weights(self) -> list[torch.Tensor]:
-        """One layer's plain (not FP8) product weights and the head's."""
-        weights = [w for w in self.weights[0] if isinstance(w, torch.Tensor) and w.dim() == 2]
-        return [*weights, self.model.output.weight]
+        """One layer's plain (not FP8) product weights and the head's (unless FP8)."""
+        head = product_weight(self.model.output)
+        return [*self._layer_weights(), *([head] if isinstance(head, torch.Tensor) else [])]
+
+    def _layer_weights(self) -> list[torch.Tensor]:
+        """One layer's plain (not FP8) product weights."""
+        return [w for w in self.weights[0] if isinstance(w, torch.Tensor) and w.dim() == 2]
 
     def _fast_shapes(self) -> frozenset[tuple[int, int]]:
         """The weight shapes whose one-row products go to the Triton GEMV (measured)."""
@@ -218,7 +222,7 @@ class CudaForward:
         ``skinny.FUSED_CONFIGS``)."""
         return frozenset(
             (*w.shape, rows)
-            for w in self._product_weights()[:-1]
+            for w in self._layer_weights()
             for rows in skinny_kernel.fused_buckets(w)
         )
 
@@ -227,7 +231,8 @@ class CudaForward:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         norm = self.model.norm
         hidden = rms_norm(h if delta is None else h + delta, norm.weight, norm.eps)
-        out = linear(hidden, self.model.output.weight, self.shape.fast, skinny=self.shape.skinny)
+        head = product_weight(self.model.output)
+        out = linear(hidden, head, self.shape.fast, skinny=self.shape.skinny)
         return out.float(), hidden
 
     def __call__(self, inp: StepInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:

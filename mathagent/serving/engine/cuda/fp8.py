@@ -175,6 +175,9 @@ ROWS_CONFIGS: dict[tuple[int, int], RowsConfig] = {
     (4096, 4096): RowsConfig(64, 256, 4, 5),  # 2 rows 7.3 vs 14.8, 5 rows 7.4 vs 14.6, 8 rows 7.4 vs 14.7 us
     (28672, 4096): RowsConfig(64, 256, 4, 2),  # 2 rows 31.5 vs 47.5, 5 rows 32.3 vs 46.9, 8 rows 31.8 vs 51.5 us
     (4096, 14336): RowsConfig(64, 256, 4, 5),  # 2 rows 20.1 vs 46.6, 5 rows 19.9 vs 42.6, 8 rows 19.8 vs 42.5 us
+    # the 8B vocabulary head in FP8 (fp8_head, opt-in): w13's launch shape by analogy (same
+    # K, a long N), not swept
+    (128256, 4096): RowsConfig(64, 256, 4, 2),
 }  # fmt: skip
 # Verify widths (2..FEW_ROWS rows) of the same shapes, with K split across programs where that
 # filled the GPU: run 70 on one H200 (`fp8_bench.py --split-sweep`, benchmarks/

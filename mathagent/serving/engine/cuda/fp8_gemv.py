@@ -55,6 +55,7 @@ FP8_GEMV_CONFIGS: dict[tuple[int, int], Fp8GemvConfig] = {
     (4096, 4096): Fp8GemvConfig(16, 1024, 8),
     (28672, 4096): Fp8GemvConfig(16, 512, 8),
     (4096, 14336): Fp8GemvConfig(16, 1024, 8),
+    (128256, 4096): Fp8GemvConfig(16, 512, 8),  # the FP8 head (fp8_head): w13's, not swept
 }
 # w13 in the GLU form (:data:`GLU`), per full weight shape; else the plain shape's with half
 # its rows from each half (the same weight bytes a program).

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mathagent.serving.engine.loader import ModelLoadError, load_model
-from mathagent.serving.engine.quant import Int8Linear
+from mathagent.serving.engine.quant import Fp8Linear, Int8Linear
 from mathagent.serving.engine.spec_config import SpecMethod, SpecMethodError
 from mathagent.serving.engine.spec_decode import draft_model_device, redrafter_device
 from mathagent.serving.engine.spec_decode.draft_model import DraftModelProposer, draft_runner
@@ -69,6 +69,8 @@ def head_rows(head: nn.Module, rows: Tensor | None) -> Callable[[Tensor], Tensor
         return head
     if isinstance(head, Int8Linear):
         return head.rows(rows)
+    if isinstance(head, Fp8Linear):  # a drafter's rows in bf16: its drafts are verified anyway
+        return HeadRows(head.dequantized()[rows.to(head.weight.device)])
     return HeadRows(head.weight.detach()[rows.to(head.weight.device)])
 
 
@@ -126,7 +128,10 @@ def load_eagle3(path: Path, target: ModelRunner, beams: int) -> Eagle3Proposer:
     """An EAGLE-3 head checked against the target; one tied to the target's LM head drafts
     through that head's (possibly quantized) rows."""
     output = target.model.output
-    weight = _dequantized(output) if isinstance(output, Int8Linear) else output.weight
+    if isinstance(output, Int8Linear):
+        weight = _dequantized(output)
+    else:
+        weight = output.dequantized() if isinstance(output, Fp8Linear) else output.weight
     try:
         head = load_head(path, target.model.args, weight)
     except (OSError, ValueError) as exc:

@@ -207,24 +207,28 @@ def test_fused_verify_rows_keep_plain_greedy(monkeypatch):
     _verify_equals_plain(ModelRunner(model, config))
 
 
-@pytest.fixture(scope="module", params=["per_token", "static"])
+@pytest.fixture(scope="module", params=["per_token", "static", "static_fp8_head"])
 def runners(request):
     """An eager and a CUDA-graph runner over one FP8 model (quantised from sharp bf16 weights);
     "static": with calibrated static input scales (fp8_activation_scales=calibrate), where the
-    one-row GLU w13 writes w2's codes (fp8_gemv.GLU_CODES)."""
+    one-row attention and GLU w13 write wo's and w2's codes; "static_fp8_head": and the
+    vocabulary head in FP8 (fp8_head)."""
     from mathagent.serving.engine import loader
     from mathagent.serving.engine.config import EngineConfig
     from mathagent.serving.engine.model import ModelArgs, Transformer
     from mathagent.serving.engine.model_runner import ModelRunner
-    from mathagent.serving.engine.quant import quantize_fp8
+    from mathagent.serving.engine.quant import quantize_fp8, quantize_fp8_head
 
     torch.manual_seed(0)
     model = Transformer(ModelArgs.from_hf_config(SHAPE)).to("cuda").eval()
     for p in model.parameters():
         p.data.normal_(0.0, 0.08)
     model = quantize_fp8(model)
-    if request.param == "static":
-        assert loader.calibrate_fp8(loader.LoadedModel(model, None, "t", None, ()), BF16) == 8
+    if request.param == "static_fp8_head":
+        quantize_fp8_head(model)
+    if request.param.startswith("static"):
+        calibrated = loader.calibrate_fp8(loader.LoadedModel(model, None, "t", None, ()), BF16)
+        assert calibrated == (9 if request.param == "static_fp8_head" else 8)
     common = dict(model=None, device=torch.device("cuda"), dtype=BF16, max_batch_size=4,
                   max_seq_len=256, speculative="none", draft_len=4, draft_beams=1, threads=None,
                   quantization="fp8")  # fmt: skip
