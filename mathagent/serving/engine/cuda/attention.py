@@ -27,9 +27,6 @@ except ImportError:  # CPU-only installs have no Triton; the CUDA path is then u
 if triton is not None:
     from mathagent.serving.engine.cuda.fp8 import _quantize_codes
 
-
-if triton is not None:
-
     @triton.jit
     def _attn_kernel(
         q_ptr, k_ptr, v_ptr, slots_ptr, start_ptr, tree_ptr, m_ptr, l_ptr, acc_ptr, cnt_ptr,
@@ -50,9 +47,8 @@ if triton is not None:
         """
         # ROPE: q_ptr is the QKV projection [B, T, (H + 2 Hkv) * D] before rotary; this kernel
         # rotates q and the new k (positions pos [B, T], tables cos/sin [*, D]) and writes the
-        # new k and v into the cache, so no separate rotary and scatter kernels run.
-        # CODES: the output is stored as the next FP8 product's e4m3 codes with its static
-        # input scale (os_ptr), the row kernel's rule on the model-dtype value.
+        # new k and v into the cache, so no separate rotary and scatter kernels run. CODES:
+        # the output is stored as wo's e4m3 codes (its static input scale at os_ptr).
         if PDL:  # let the next product (launched with PDL) start streaming its weights
             tl.extra.cuda.gdc_launch_dependents()
         pid, split = tl.program_id(0), tl.program_id(1)
@@ -139,8 +135,7 @@ if triton is not None:
                 tl.store(cnt_ptr + pid, 0)  # ready for the next launch
 
     @triton.jit
-    def _stored(out, q_ptr, os_ptr, CODES: tl.constexpr):
-        # the output in the model dtype (q's), or that value's e4m3 codes (CODES)
+    def _stored(out, q_ptr, os_ptr, CODES: tl.constexpr):  # in q's dtype, or its e4m3 codes
         val = out.to(q_ptr.dtype.element_ty)
         if CODES:
             inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), tl.load(os_ptr))

@@ -218,10 +218,8 @@ def gemv(
         q, s, kernel_pro = x1, weight_scale, pro
     else:
         (q, s), kernel_pro = quantize_row(x1, k, norm, eps, pro, cfg.pdl, input_scale), 0
-    out_dtype = (
-        torch.float8_e4m3fn if out_scale is not None else residual.dtype if codes_in else x.dtype
-    )
-    y = torch.empty(n_out, dtype=out_dtype, device=x.device)
+    dtype = torch.float8_e4m3fn if out_scale is not None else (residual if codes_in else x).dtype
+    y = torch.empty(n_out, dtype=dtype, device=x.device)
     _fp8_gemv_kernel[(triton.cdiv(n_out, cfg.block_n),)](
         q, s, weight, weight_scale, y, x1 if residual is None else residual.reshape(n_out),
         x1 if norm is None else norm, s if out_scale is None else out_scale, n_out, k,

@@ -70,15 +70,18 @@ if triton is not None:
                          BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
                          GLU: tl.constexpr, A16: tl.constexpr = False, PRO: tl.constexpr = 0,
                          CODES: tl.constexpr = False):  # fmt: skip
-        # Two weight tiles (GLU: of gate and of up) are requested before the PDL wait, then
-        # two per step, both loaded before either is used (run F4: loading the second after
-        # using the first left ptxas issuing it late, 10-19% slower). No tile is carried from
-        # one step to the next: Triton keeps a carried e4m3 tile one byte per register (it
-        # spilled). q_ptr / s_ptr: the row kernel's codes and scale of f(x); A16: q_ptr is the
-        # plain bf16 row (no codes, no row kernel: W8A16) and PRO its f. GLU: w is [2N, K]
-        # (gate rows, then up rows); y = silu(gate) * up, rounded as the eager model does.
-        # CODES: y is stored as the next product's e4m3 codes with its static input scale
-        # (os_ptr), the row kernel's rule on the rounded y: no row kernel before that product.
+        """One program streams BLOCK_N rows (GLU: of gate and of up) against the codes.
+
+        One long function because a Triton kernel is one function. Two weight tiles are
+        requested before the PDL wait, then two per step, both loaded before either is used
+        (run F4: loading the second after using the first left ptxas issuing it late, 10-19%
+        slower). No tile is carried from one step to the next: Triton keeps a carried e4m3
+        tile one byte per register (it spilled). q_ptr / s_ptr: the row kernel's codes and
+        scale of f(x); A16: q_ptr is the plain bf16 row (no codes, no row kernel: W8A16) and PRO
+        its f. GLU: w is [2N, K] (gate rows, then up rows); y = silu(gate) * up, rounded as the
+        eager model does. CODES: y is stored as the next product's e4m3 codes with its static
+        input scale (os_ptr), the row kernel's rule on the rounded y.
+        """
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
