@@ -26,8 +26,9 @@ from gpu_default_model import agent_prompts
 from mathagent.config import EngineSettings, Settings
 from mathagent.model_store import resolve_model
 from mathagent.serving.engine.config import EngineConfig
+from mathagent.serving.engine.fp8_calibration import calibrate
 from mathagent.serving.engine.llm_engine import LLMEngine
-from mathagent.serving.engine.loader import calibrate_fp8, load_model
+from mathagent.serving.engine.loader import load_model
 from mathagent.serving.engine.quant import quantize_fp8
 from mathagent.serving.engine.sampling_params import SamplingParams
 
@@ -49,7 +50,7 @@ def main() -> None:
     fp8_loaded = load_model(spec, model_dir, config.device, torch.float32)
     fp8_loaded.model = quantize_fp8(fp8_loaded.model, torch.bfloat16)
     if args.activation_scales == "calibrate":
-        calibrate_fp8(fp8_loaded, torch.bfloat16)
+        calibrate(fp8_loaded.model, fp8_loaded.tokenizer, torch.bfloat16)
     fp8 = LLMEngine(replace(config, model=None), model_dir, fp8_loaded)
     prompts = agent_prompts(bf16, args.prompts, args.limit)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)

@@ -20,16 +20,13 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from mathagent.serving.engine import fp8_checkpoint, random_model
-from mathagent.serving.engine.kv_cache import KVCache
+from mathagent.serving.engine import fp8_calibration, fp8_checkpoint, random_model
 from mathagent.serving.engine.model import (
     SUPPORTED_ARCHITECTURES,
-    ForwardContext,
     ModelArgs,
     Transformer,
-    rope_table,
 )
-from mathagent.serving.engine.quant import calibrate_fp8_inputs, quantize_fp8_head, quantize_model
+from mathagent.serving.engine.quant import quantize_fp8_head, quantize_model
 from mathagent.serving.engine.random_model import RANDOM_SHAPES
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
@@ -72,7 +69,7 @@ def load_model(
     original 4-bit codes back (see :mod:`mathagent.serving.engine.quant`). An FP8 checkpoint
     (:mod:`~mathagent.serving.engine.fp8_checkpoint`) loads its own codes, with ``fp8`` only.
     ``fp8_activation_scales`` "calibrate": weights quantised here to fp8 get one static input
-    scale per product from a calibration forward (:func:`calibrate_fp8`); "auto": per token.
+    scale per product from a calibration forward (:mod:`.fp8_calibration`); "auto": per token.
     ``fp8_head``: the vocabulary head in FP8 too (:func:`quant.quantize_fp8_head`).
     """
     if fp8_head and quantization != "fp8":
@@ -110,45 +107,8 @@ def load_model(
     if fp8_head:
         quantize_fp8_head(loaded.model)
     if fp8_activation_scales == "calibrate":
-        calibrate_fp8(loaded, dtype)
+        fp8_calibration.calibrate(loaded.model, loaded.tokenizer, dtype)
     return loaded
-
-
-# Calibration input of fp8_activation_scales "calibrate": this text where the model has a
-# tokenizer, then random token ids (fixed seed), one sequence each.
-CALIBRATION_TEXT = (
-    "Problem: Let x and y be positive real numbers with x + y = 10 and xy = 21. Find x^2 + y^2.\n"
-    "Solution: (x + y)^2 = x^2 + 2xy + y^2, so x^2 + y^2 = 100 - 42 = 58. The answer is 58.\n"
-    "```python\nfrom sympy import symbols, solve\nx = symbols('x')\n"
-    "print(solve(x**2 - 10*x + 21, x))\n```\n```output\n[3, 7]\n```\n"
-    "How many integers n with 1 <= n <= 1000 are divisible by 7 but not by 11? Count: 142 - 12 = "
-    "130. Therefore the final answer is \\boxed{130}."
-)
-CALIBRATION_RANDOM = 256  # random token ids after the text
-
-
-def calibrate_fp8(loaded: LoadedModel, dtype: torch.dtype) -> int:
-    """Static input scales for the FP8 products of ``loaded.model`` (ModelOpt's "max"
-    calibration over :data:`CALIBRATION_TEXT` and random ids; :func:`quant.calibrate_fp8_inputs`)."""
-    model, device = loaded.model, next(loaded.model.parameters()).device
-    args = model.args
-    seqs = [torch.randint(0, args.vocab_size, (CALIBRATION_RANDOM,),
-                          generator=torch.Generator().manual_seed(0))]  # fmt: skip
-    if loaded.tokenizer is not None:
-        seqs.insert(0, torch.tensor(loaded.tokenizer(CALIBRATION_TEXT)["input_ids"]))
-
-    def forward() -> None:
-        for ids in seqs:
-            n = len(ids)
-            cache = KVCache(args.num_layers, 1, args.num_kv_heads, n, args.head_dim, dtype, device)
-            cos, sin = (t.to(device=device, dtype=dtype) for t in rope_table(args, n))
-            pos = torch.arange(n, device=device)[None]
-            ctx = ForwardContext(cache=cache, rows=cache.rows([0], pos, n), attn_mask=None,
-                                 is_causal=True, cos=cos[pos][:, :, None],
-                                 sin=sin[pos][:, :, None])  # fmt: skip
-            model.logits(model(ids.to(device)[None], ctx))  # the head too (fp8_head)
-
-    return calibrate_fp8_inputs(model, forward)
 
 
 def resolve_folder(spec: str, model_dir: Path) -> tuple[Path, str]:

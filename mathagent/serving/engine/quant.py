@@ -2,7 +2,7 @@
 
 ``fp8`` (:class:`Fp8Linear`, Hopper GPUs) holds each block linear as e4m3 codes with one scale
 per output row and quantises activations per token, or with one static scale per product
-(a checkpoint's, or :func:`calibrate_fp8_inputs`'s) (:mod:`~mathagent.serving.engine.fp8_format`
+(a checkpoint's, or :mod:`~mathagent.serving.engine.fp8_calibration`'s) (:mod:`~mathagent.serving.engine.fp8_format`
 is the arithmetic); the head stays in the model dtype, as published FP8 checkpoints keep it.
 The rest of this note is about the CPU path.
 
@@ -18,8 +18,6 @@ are fast only for bf16 inputs.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -170,33 +168,6 @@ class Fp8Linear(nn.Module):
             else:
                 out = cuda_fp8.linear(x, self.weight, self.weight_scale, self.input_scale)
         return out if self.bias is None else out + self.bias
-
-
-def calibrate_fp8_inputs(model: nn.Module, forward: Callable[[], object]) -> int:
-    """Give every :class:`Fp8Linear` of ``model`` a static input scale: the largest ``|x|`` its
-    input reached while ``forward()`` ran the model (per-token scales meanwhile), over 448,
-    ModelOpt's "max" calibration of its FP8 recipe. Returns how many were calibrated."""
-    amax: dict[Fp8Linear, torch.Tensor] = {}
-
-    def record(module: Fp8Linear, args: tuple[torch.Tensor, ...]) -> None:
-        seen = args[0].detach().abs().amax().float()
-        amax[module] = torch.maximum(amax[module], seen) if module in amax else seen
-
-    linears = [m for m in model.modules() if isinstance(m, Fp8Linear)]
-    hooks = [m.register_forward_pre_hook(record) for m in linears]
-    try:
-        with torch.no_grad():
-            for m in linears:
-                m.input_scale = None
-            forward()
-    finally:
-        for hook in hooks:
-            hook.remove()
-    for m in linears:
-        if m not in amax:
-            raise QuantizationError("fp8 calibration: a quantised linear saw no input")
-        m.input_scale = fp8_format.row_scales(amax[m]).reshape(1)
-    return len(linears)
 
 
 def quantize_int4(

@@ -216,7 +216,7 @@ def test_calibrated_static_input_scales_are_each_products_largest_input(tmp_path
     """fp8_activation_scales "calibrate": one static scale per product, the largest |x| its
     input reached in the calibration forward over 448 (ModelOpt's max calibration); the model
     then computes near its per-token self, and a checkpoint keeps its own scheme."""
-    from mathagent.serving.engine import loader
+    from mathagent.serving.engine import fp8_calibration
 
     dynamic = load_model("random:tiny", tmp_path, CPU, BF16, "fp8").model
     static = load_model("random:tiny", tmp_path, CPU, BF16, "fp8", "calibrate").model
@@ -227,8 +227,7 @@ def test_calibrated_static_input_scales_are_each_products_largest_input(tmp_path
     seen = []
     w2 = dynamic.layers[1].feed_forward.w2
     hook = w2.register_forward_pre_hook(lambda m, a: seen.append(a[0].abs().amax().float()))
-    loaded = loader.LoadedModel(dynamic, None, "tiny", None, ())
-    loader.calibrate_fp8(loaded, BF16)
+    fp8_calibration.calibrate(dynamic, None, BF16)
     hook.remove()
     assert len(seen) == 1 and torch.equal(w2.input_scale, (seen[0] / 448).reshape(1))
     assert torch.equal(w2.input_scale, static.layers[1].feed_forward.w2.input_scale)

@@ -549,7 +549,7 @@ def test_fp8_layer_with_producer_written_codes_equals_the_row_kernels(dev, monke
     """A one-row FP8 layer with static input scales: the attention writing wo's codes and the
     GLU w13 writing w2's (ATTENTION_CODES, GLU_CODES) computes bit for bit what the same layer
     computes with a row kernel before wo and w2; both cache writes agree too."""
-    from mathagent.serving.engine import loader
+    from mathagent.serving.engine import fp8_calibration
     from mathagent.serving.engine.cuda import fp8_gemv
     from mathagent.serving.engine.cuda.forward import (
         LayerShape,
@@ -567,7 +567,7 @@ def test_fp8_layer_with_producer_written_codes_equals_the_row_kernels(dev, monke
     for p in model.parameters():
         p.data.normal_(0.0, 0.08)
     model = quantize_fp8(model)
-    loader.calibrate_fp8(loader.LoadedModel(model, None, "t", None, ()), torch.bfloat16)
+    fp8_calibration.calibrate(model, None, torch.bfloat16)
     model = model.to(dev)
     a, bf16, max_seq = model.args, torch.bfloat16, 64
     weights = layer_weights(model.layers[0])

@@ -213,7 +213,7 @@ def runners(request):
     "static": with calibrated static input scales (fp8_activation_scales=calibrate), where the
     one-row attention and GLU w13 write wo's and w2's codes; "static_fp8_head": and the
     vocabulary head in FP8 (fp8_head)."""
-    from mathagent.serving.engine import loader
+    from mathagent.serving.engine import fp8_calibration
     from mathagent.serving.engine.config import EngineConfig
     from mathagent.serving.engine.model import ModelArgs, Transformer
     from mathagent.serving.engine.model_runner import ModelRunner
@@ -227,7 +227,7 @@ def runners(request):
     if request.param == "static_fp8_head":
         quantize_fp8_head(model)
     if request.param.startswith("static"):
-        calibrated = loader.calibrate_fp8(loader.LoadedModel(model, None, "t", None, ()), BF16)
+        calibrated = fp8_calibration.calibrate(model, None, BF16)
         assert calibrated == (9 if request.param == "static_fp8_head" else 8)
     common = dict(model=None, device=torch.device("cuda"), dtype=BF16, max_batch_size=4,
                   max_seq_len=256, speculative="none", draft_len=4, draft_beams=1, threads=None,
