@@ -186,13 +186,18 @@ def main() -> None:
         if "b1" in out.get("none", {}) and "b1" in out.get(run, {}):
             b1 = out[run]["b1"]["steady_tok_s"] / out["none"]["b1"]["steady_tok_s"]
             out[run.replace("-", "_") + "_over_bf16_b1"] = b1
+    save()
     if "none" in out and "fp8" in out and "b1" in out["fp8"] and "b1" in out["none"]:
         fp8_b1, bf16_b1 = out["fp8"]["b1"]["steady_tok_s"], out["none"]["b1"]["steady_tok_s"]
         out["fp8_over_bf16_b1"] = fp8_b1 / bf16_b1
         out["goal_80pct_fp8_roofline"] = out["fp8"]["b1_fraction_of_roofline"] >= 0.8
         out["goal_1.8x_bf16"] = out["fp8_over_bf16_b1"] >= 1.8
         save()
-    print(json.dumps({k: v for k, v in out.items() if k.startswith(("fp8_over", "goal"))}))
+    print(
+        json.dumps(
+            {k: v for k, v in out.items() if k.endswith("over_bf16_b1") or k.startswith("goal")}
+        )
+    )
 
 
 if __name__ == "__main__":
