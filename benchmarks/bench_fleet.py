@@ -19,7 +19,12 @@ from pathlib import Path
 
 import httpx
 
-BASES = {"fp32": ("float32", "none"), "bf16": ("bfloat16", "none"), "fp8": ("bfloat16", "fp8")}
+_STATIC = {"MATHAGENT_ENGINE__FP8_ACTIVATION_SCALES": "calibrate"}
+# base -> (dtype, quantization, further engine settings); fp8-static: calibrated static
+# activation scales; fp8-static-head: and the vocabulary head in FP8 (both opt-in settings)
+BASES = {"fp32": ("float32", "none", {}), "bf16": ("bfloat16", "none", {}),
+         "fp8": ("bfloat16", "fp8", {}), "fp8-static": ("bfloat16", "fp8", _STATIC),
+         "fp8-static-head": ("bfloat16", "fp8", {**_STATIC, "MATHAGENT_ENGINE__FP8_HEAD": "true"})}  # fmt: skip
 
 
 @dataclass
@@ -45,13 +50,14 @@ class Row:
         if spec and spec not in drafters and spec != "ngram" and not replay:
             raise SystemExit(f"row {name!r}: speculation must be ngram, replayN (acceptance "
                              f"N, replay_server.py) or one of {list(drafters)}")  # fmt: skip
-        dtype, quant = BASES[base]
+        dtype, quant, extra = BASES[base]
         method = "none" if not spec or replay else "ngram" if spec == "ngram" else f"{spec}:{drafters[spec]}"  # fmt: skip
         env = {
             "MATHAGENT_ENGINE__DEVICE": device,
             "MATHAGENT_ENGINE__DTYPE": dtype,
             "MATHAGENT_ENGINE__QUANTIZATION": quant,
             "MATHAGENT_ENGINE__SPECULATIVE": method,
+            **extra,
         }
         return cls(name, env, port, url=f"http://127.0.0.1:{port}")
 

@@ -49,6 +49,16 @@ class EngineConfig:
     def from_settings(cls, settings: EngineSettings, model: str | None = None) -> EngineConfig:
         """Resolve 'auto' device/dtype and check the speculative method."""
         device, dtype = resolve_device_dtype(settings.device, settings.dtype)
+        fp8_options = {
+            "fp8_head": settings.fp8_head,
+            "fp8_activation_scales calibrate": settings.fp8_activation_scales == "calibrate",
+        }
+        if any(fp8_options.values()) and settings.quantization != "fp8":
+            named = " and ".join(name for name, on in fp8_options.items() if on)
+            raise EngineConfigError(
+                f"{named} set with quantization {settings.quantization!r}; they apply to "
+                "quantization fp8 only"
+            )
         if settings.quantization != "none":
             dtype = _quantized_dtype(settings, device)
         try:

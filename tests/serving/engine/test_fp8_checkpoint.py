@@ -266,3 +266,7 @@ def test_the_fp8_head_is_opt_in_and_quantised_per_row(tmp_path):
     assert torch.equal(rows, (codes.float() * scale)[ids].to(BF16))
     with pytest.raises(ModelLoadError, match="fp8_head needs quantization fp8"):
         load_model("random:tiny", tmp_path, CPU, BF16, "none", fp8_head=True)
+    # the settings say so before any load
+    with pytest.raises(EngineConfigError, match="fp8_head and fp8_activation_scales calibrate"):
+        EngineConfig.from_settings(EngineSettings(device="cpu", fp8_head=True,
+                                                  fp8_activation_scales="calibrate"))  # fmt: skip
