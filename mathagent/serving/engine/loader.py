@@ -79,6 +79,7 @@ def load_model(
     if fp8_activation_scales == "calibrate" and quantization != "fp8":
         raise ModelLoadError("fp8_activation_scales 'calibrate' needs quantization fp8")
     load_dtype = torch.float32 if quantization != "none" else dtype
+    scheme = None
     if spec.startswith("random:"):
         loaded = _load_random(spec.removeprefix("random:"), device, load_dtype)
     else:
@@ -98,11 +99,7 @@ def load_model(
                 "weights quantised at load"
             )
         loaded = load_hf_folder(folder, device, dtype if scheme else load_dtype, name, scheme)
-        if scheme is not None:
-            if fp8_head:
-                quantize_fp8_head(loaded.model)
-            return loaded
-    if quantization != "none":
+    if scheme is None and quantization != "none":  # an FP8 checkpoint holds its own codes
         loaded.model = quantize_model(loaded.model, quantization).to(dtype)
     if fp8_head:
         quantize_fp8_head(loaded.model)

@@ -1,9 +1,10 @@
 """Quantised linears: int4 blocks (group 32) + an int8 head on CPU, FP8 (e4m3) on CUDA.
 
 ``fp8`` (:class:`Fp8Linear`, Hopper GPUs) holds each block linear as e4m3 codes with one scale
-per output row and quantises activations per token, or with one static scale per product
-(a checkpoint's, or :mod:`~mathagent.serving.engine.fp8_calibration`'s) (:mod:`~mathagent.serving.engine.fp8_format`
-is the arithmetic); the head stays in the model dtype, as published FP8 checkpoints keep it.
+per output row and quantises activations per token, or with one static scale per product: a
+checkpoint's, or :mod:`~mathagent.serving.engine.fp8_calibration`'s
+(:mod:`~mathagent.serving.engine.fp8_format` is the arithmetic). The head stays in the model
+dtype, as published FP8 checkpoints keep it, unless :func:`quantize_fp8_head` is asked for.
 The rest of this note is about the CPU path.
 
 Decode at batch 1 on a CPU is bound by reading the weights once per token, so fewer weight
@@ -228,6 +229,5 @@ def quantize_fp8_head(model: nn.Module) -> nn.Module:
     ``lm_head`` not excluded quantise it). A head tied to the embedding gets its own codes; the
     embedding table stays as it is for lookups."""
     if not isinstance(model.output, Fp8Linear):
-        head = model.output
-        model.output = Fp8Linear.quantize(head).to(head.weight.device)
+        model.output = Fp8Linear.quantize(model.output)  # codes on the head's device
     return model

@@ -3,8 +3,8 @@
 One FP8 model, whatever the number of rows: weights are e4m3 codes with one float32 scale per
 output row; activations are quantised per row (token) on the fly with the rule of
 :func:`~mathagent.serving.engine.fp8_format.quantize_rows` (``scale = max|x| / 448``, or a
-checkpoint's static input scale; codes ``x * (1 / scale)`` rounded to nearest even); products accumulate in float32 and are scaled back by
-both scales. One row (batch-1 decode) goes to :func:`~mathagent.serving.engine.cuda.fp8_gemv.gemv`
+static input scale; codes ``x * (1 / scale)`` rounded to nearest even); products accumulate in
+float32 and are scaled back by both scales. One row (batch-1 decode) goes to :func:`~mathagent.serving.engine.cuda.fp8_gemv.gemv`
 (a row kernel quantises the product input once, then a GEMV streams the fp8 weights with the
 bf16 GEMV's prologue and residual epilogue); several rows
 (batched decode, verify, prefill) go to :func:`linear`: a Triton kernel quantises the rows with
