@@ -17,6 +17,7 @@ Run: ``PYTHONPATH=. python3 benchmarks/gpu_bench.py [--default-model ...]``.
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import os
@@ -37,12 +38,13 @@ from gpu_common import (
     steady_tok_s,
 )
 
+from mathagent.serving.engine import fp8_calibration
 from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.cuda.kernels import GEMV_CONFIGS
 from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import LoadedModel, _hf_to_engine
 from mathagent.serving.engine.model import ModelArgs, Transformer
-from mathagent.serving.engine.quant import quantize_fp8
+from mathagent.serving.engine.quant import quantize_fp8, quantize_fp8_head
 from mathagent.serving.engine.random_model import stabilize_greedy
 
 PROMPT_LEN, DECODE_TOKENS, DRAFT_LEN = 32, 256, 4  # verify steps: the root + 4 drafts
@@ -195,24 +197,27 @@ def bench_spec_only(shape: str, args) -> dict:
         stabilize_greedy(model)
     torch.cuda.empty_cache()
     res: dict = {"weights": args.weights}
-    order = {"float32": 0, "bfloat16": 1, "fp8": 2}
-    for name in sorted(args.spec_dtype, key=order.get):
+    order = {"float32": 0, "bfloat16": 1}
+    for name in sorted(args.spec_dtype, key=lambda n: order.get(n, 2)):
         key = "speculative" + ("" if name == "bfloat16" else f"_{name}")
-        if name == "fp8":
-            dtype, model = torch.bfloat16, quantize_fp8(model.to(torch.bfloat16))
+        fp8 = name.startswith("fp8")
+        if fp8:  # each FP8 row from its own copy of the bf16 weights
+            dtype, model = torch.bfloat16, model.to(torch.bfloat16)
+            engine_model = fp8_variant(model, name)
         else:
             dtype, model = getattr(torch, name), model.to(getattr(torch, name))
-        engine = make_engine(model, shape, 32, dtype, "fp8" if name == "fp8" else "none")
+            engine_model = model
+        engine = make_engine(engine_model, shape, 32, dtype, "fp8" if fp8 else "none")
         res[key] = {"dtype": name}
         accepts = [int(a) for a in args.acceptances.split(",")]
         gpu_spec.run(engine, vocab, DRAFT_LEN, batches=args.spec_batches, acceptances=accepts,
                      out=res[key], replays=tuple(args.replay))  # fmt: skip
-        if name == "fp8" and "batch_1" in res.get("speculative", {}):
+        if fp8 and "batch_1" in res.get("speculative", {}):
             res[key]["over_bf16_plain_b1"] = over_plain(res[key], res["speculative"])
         _write_out(args.partial, json.dumps({shape: res}, indent=1))
         if not args.skip_redrafter and dtype == torch.bfloat16:
             res["redrafter_in_loop_b1"] = gpu_spec.redrafter_section(engine, vocab, DRAFT_LEN)
-        del engine
+        del engine, engine_model
         gc.collect()
         torch.cuda.empty_cache()
         # the next dtype's engine compiles the same layer function again: each (batch, width)
@@ -220,6 +225,19 @@ def bench_spec_only(shape: str, args) -> dict:
         # float32 then bf16 at batches 1, 8, 32 hit it mid-run)
         torch._dynamo.reset()
     return res
+
+
+def fp8_variant(model: Transformer, name: str) -> Transformer:
+    """A copy of ``model`` quantised as the ``--spec-dtype`` row names it: ``fp8`` (per-token
+    activation scales), ``-static`` (calibrated static input scales, as
+    ``fp8_activation_scales=calibrate``), ``-head`` (the head in FP8 too, ``fp8_head``)."""
+    extras = name.split("-")[1:]
+    quantized = quantize_fp8(copy.deepcopy(model))
+    if "head" in extras:
+        quantize_fp8_head(quantized)
+    if "static" in extras:
+        fp8_calibration.calibrate(quantized, None, torch.bfloat16)
+    return quantized
 
 
 def over_plain(section: dict, bf16: dict) -> dict:
@@ -251,7 +269,8 @@ def main() -> None:
     parser.add_argument("--only-spec", action="store_true",
                         help="per shape only the speculation sections (through LLMEngine)")  # fmt: skip
     parser.add_argument("--spec-dtype", nargs="+", default=["bfloat16"],
-                        choices=["bfloat16", "float32", "fp8"], help="--only-spec: model dtypes")  # fmt: skip
+                        choices=["bfloat16", "float32", "fp8", "fp8-static", "fp8-static-head"],
+                        help="--only-spec: model dtypes (fp8 rows as fp8_bench.py --runs names them)")  # fmt: skip
     parser.add_argument("--acceptances", default="1,2,3,4,5", help="--only-spec: lengths")
     parser.add_argument("--spec-batches", nargs="+", type=int, default=[1, 8, 32],
                         help="--only-spec: batch sizes")  # fmt: skip
