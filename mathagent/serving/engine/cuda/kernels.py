@@ -48,13 +48,22 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
+    def _rms_rstd(x, K, eps):
+        # 1 / rms of a row's float32 values x (zeros past K), as the eager RMSNorm
+        return tl.rsqrt(tl.sum(x * x, axis=0) / K + eps)
+
+    @triton.jit
+    def _rms_normed(x, g, rstd, dt: tl.constexpr):
+        # RMSNorm's output from float32 x and weight g, rounded like the eager model's ops
+        return ((x * rstd).to(dt).to(tl.float32) * g).to(dt).to(tl.float32)
+
+    @triton.jit
     def _gemv_input(x_ptr, g_ptr, k0, rk, K, rstd, PRO: tl.constexpr, dt: tl.constexpr, ok):
         # The product's input at k0 + rk, float32, rounded like the eager model's ops; ``ok``
         # masks the columns past K (None: all in range; masked values are undefined).
         x = tl.load(x_ptr + k0 + rk, mask=ok).to(tl.float32)  # [BK]
         if PRO == 1:
-            g = tl.load(g_ptr + k0 + rk, mask=ok).to(tl.float32)
-            x = ((x * rstd).to(dt).to(tl.float32) * g).to(dt).to(tl.float32)
+            x = _rms_normed(x, tl.load(g_ptr + k0 + rk, mask=ok).to(tl.float32), rstd, dt)
         elif PRO == 2:
             up = tl.load(x_ptr + K + k0 + rk, mask=ok).to(tl.float32)
             x = ((x * tl.sigmoid(x)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
