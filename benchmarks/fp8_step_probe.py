@@ -106,16 +106,14 @@ def no_layers(forward):
 def variant(spec: str):
     """fp8 GEMV settings for one A/B, restored after: ``;``-separated ``GLU=0|1``, ``A16=0|1``
     (one-row products read the plain row: W8A16, no row kernels), ``GLU_CODES=0|1``,
-    ``ATTENTION_CODES=0|1``, ``NORM_CODES=0|1`` (static scales: w13 / the attention / wo write
-    w2's / wo's / w13's codes), ``cfg=NxK:bn,bk,warps`` (a
+    ``ATTENTION_CODES=0|1`` (static scales: w13 / the attention write w2's / wo's codes), ``cfg=NxK:bn,bk,warps`` (a
     plain launch shape), ``glu=NxK:bn,bk,warps`` (w13's GLU launch shape, rows of each half)."""
     plain, glu, glu_on = dict(fp8_gemv.FP8_GEMV_CONFIGS), dict(fp8_gemv.GLU_CONFIGS), fp8_gemv.GLU
     a16, glu_codes, attn_codes = fp8_gemv.A16, fp8_gemv.GLU_CODES, fp8_gemv.ATTENTION_CODES
-    norm_codes = fp8_gemv.NORM_CODES
     tables = {"cfg": fp8_gemv.FP8_GEMV_CONFIGS, "glu": fp8_gemv.GLU_CONFIGS}
     for part in filter(None, spec.split(";")):
         key, value = part.split("=")
-        if key in ("GLU", "A16", "GLU_CODES", "ATTENTION_CODES", "NORM_CODES"):
+        if key in ("GLU", "A16", "GLU_CODES", "ATTENTION_CODES"):
             setattr(fp8_gemv, key, value == "1")
             continue
         shape_text, launch = value.split(":")
@@ -129,7 +127,6 @@ def variant(spec: str):
             table.update(saved)
         fp8_gemv.GLU, fp8_gemv.A16 = glu_on, a16
         fp8_gemv.GLU_CODES, fp8_gemv.ATTENTION_CODES = glu_codes, attn_codes
-        fp8_gemv.NORM_CODES = norm_codes
 
 
 def graph_ms(graphs, reps: int = 50) -> float:

@@ -46,29 +46,23 @@ def compile_for_hopper(fn, args: dict[str, str], constexprs: dict, num_warps: in
 
 def fp8_gemv_launches() -> list[dict]:
     """The FP8 one-row GEMV at every shipped launch shape, W8A8 (row kernel's codes) and A16."""
-    import triton.language as tl
-
     from mathagent.serving.engine.cuda import fp8_gemv
     from mathagent.serving.engine.cuda.fp8_gemv_kernels import _fp8_gemv_kernel
 
     args = {"q_ptr": "e4m3", "s_ptr": "f32", "w_ptr": "e4m3", "ws_ptr": "f32", "y_ptr": "bf16",
-            "r_ptr": "bf16", "g_ptr": "bf16", "os_ptr": "f32", "nq_ptr": "e4m3", "ng_ptr": "bf16",
-            "nis_ptr": "f32", "cnt_ptr": "i32p", "N": "i32", "K": "i32", "stride_wn": "i32",
-            "eps": "float"}  # fmt: skip
+            "r_ptr": "bf16", "g_ptr": "bf16", "os_ptr": "f32", "N": "i32", "K": "i32",
+            "stride_wn": "i32", "eps": "float"}  # fmt: skip
     shapes = [(shape, cfg, False) for shape, cfg in fp8_gemv.FP8_GEMV_CONFIGS.items()]
     shapes += [(shape, cfg, True) for shape, cfg in fp8_gemv.GLU_CONFIGS.items()]
     rows = []
     for (n, k), cfg, glu in shapes:
         pro = int(n > k)  # a Llama layer's widening products (qkv, w13) take a normed input
-        resid = not glu and pro == 0
-        for a16, codes, norm_codes in ((False, False, False), (True, False, False),
-                                       (False, True, False), (False, False, True)):  # fmt: skip
-            if (codes and not glu) or (norm_codes and (n, k) != (4096, 4096)):
-                continue  # codes out: the GLU form's (GLU_CODES); norm codes: wo's (NORM_CODES)
-            constexprs = {"RESID": resid, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                          "EVICT": cfg.evict, "PDL": True, "GLU": glu, "DT": tl.bfloat16,
-                          "A16": a16, "PRO": pro if a16 else 0, "CODES": codes,
-                          "NORM_CODES": norm_codes, "BLOCK_H": n}  # fmt: skip
+        for a16, codes in ((False, False), (True, False), (False, True)):
+            if codes and not glu:  # codes out: the GLU form's (GLU_CODES)
+                continue
+            constexprs = {"RESID": not glu and pro == 0, "BLOCK_N": cfg.block_n,
+                          "BLOCK_K": cfg.block_k, "EVICT": cfg.evict, "PDL": True, "GLU": glu,
+                          "A16": a16, "PRO": pro if a16 else 0, "CODES": codes}  # fmt: skip
             kinds = {
                 **args,
                 "q_ptr": "bf16" if a16 else "e4m3",
@@ -76,8 +70,7 @@ def fp8_gemv_launches() -> list[dict]:
             }
             built = compile_for_hopper(_fp8_gemv_kernel, kinds, constexprs, cfg.num_warps)
             rows.append({"kernel": "fp8_gemv", "shape": [n, k], "glu": glu, "a16": a16,
-                         "codes": codes, "norm_codes": norm_codes, "pro": pro if a16 else 0,
-                         **built})  # fmt: skip
+                         "codes": codes, "pro": pro if a16 else 0, **built})  # fmt: skip
     return rows
 
 

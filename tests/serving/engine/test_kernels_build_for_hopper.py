@@ -1,5 +1,6 @@
-"""The FP8 one-row GEMV builds for Hopper at every shipped launch shape, W8A8, A16, the GLU
-form writing codes and wo writing w13's normed codes, with no more spilled registers than the measured W8A8 build: compiled ahead of time here, with
+"""The FP8 one-row GEMV builds for Hopper at every shipped launch shape, W8A8, A16 and the GLU
+form writing codes, with
+no more spilled registers than the measured W8A8 build: compiled ahead of time here, with
 Triton's own ptxas (:mod:`tests.triton_hopper`), before the device machine sees it."""
 
 from __future__ import annotations
@@ -26,18 +27,8 @@ def test_fp8_gemv_builds_for_sm90_without_new_spills():
     others = [r for r in every if r["kernel"] != "fp8_gemv"]
     assert len(others) == 6 and all(r["registers"] <= 255 for r in others), others
     rows = [r for r in every if r["kernel"] == "fp8_gemv"]
-    # W8A8 and A16 at each shape (the FP8 head's too), GLU codes, wo's norm codes
-    assert len(rows) == 2 * 6 + 2
-    assert sum(r["norm_codes"] for r in rows) == 1
-    w8a8 = {
-        (tuple(r["shape"]), r["glu"]): r
-        for r in rows
-        if not (r["a16"] or r["codes"] or r["norm_codes"])
-    }
+    assert len(rows) == 2 * 6 + 1  # W8A8 and A16 at each shape (the FP8 head's too), GLU codes
+    w8a8 = {(tuple(r["shape"]), r["glu"]): r for r in rows if not r["a16"] and not r["codes"]}
     for row in rows:
         base = w8a8[(tuple(row["shape"]), row["glu"])]
-        # wo's last program quantising the next row keeps a few more bytes live past the loop
-        # (116 against 112 at 16 x 1024 x 8), spilled once a program, not per tile
-        margin = 8 if row["norm_codes"] else 0
-        assert row["registers"] <= 255, row
-        assert row["spill_bytes"] <= base["spill_bytes"] + margin, row
+        assert row["registers"] <= 255 and row["spill_bytes"] <= base["spill_bytes"], row

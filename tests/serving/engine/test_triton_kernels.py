@@ -547,9 +547,8 @@ def test_fp8_one_row_glu_writes_silu_of_gate_times_up(dev):
 
 def test_fp8_layer_with_producer_written_codes_equals_the_row_kernels(dev, monkeypatch):
     """A one-row FP8 layer with static input scales: the attention writing wo's codes and the
-    GLU w13 writing w2's (ATTENTION_CODES, GLU_CODES), and wo's last program writing w13's
-    (NORM_CODES), computes bit for bit what the same layer computes with a row kernel before
-    each product; both cache writes agree too."""
+    GLU w13 writing w2's (ATTENTION_CODES, GLU_CODES) computes bit for bit what the same layer
+    computes with a row kernel before wo and w2; both cache writes agree too."""
     from mathagent.serving.engine import fp8_calibration
     from mathagent.serving.engine.cuda import fp8_gemv
     from mathagent.serving.engine.cuda.forward import (
@@ -583,17 +582,14 @@ def test_fp8_layer_with_producer_written_codes_equals_the_row_kernels(dev, monke
     kv = torch.randn(2, 2, a.num_kv_heads, max_seq, a.head_dim, device=dev, dtype=bf16)
     outs, real, calls = {}, fp8_gemv.quantize_row, []
     monkeypatch.setattr(fp8_gemv, "quantize_row", lambda *a: calls.append(1) or real(*a))
-    for on in (True, False, "norm"):
-        monkeypatch.setattr(fp8_gemv, "ATTENTION_CODES", bool(on))
-        monkeypatch.setattr(fp8_gemv, "GLU_CODES", bool(on))
-        monkeypatch.setattr(fp8_gemv, "NORM_CODES", on == "norm")
+    for on in (True, False):
+        monkeypatch.setattr(fp8_gemv, "ATTENTION_CODES", on)
+        monkeypatch.setattr(fp8_gemv, "GLU_CODES", on)
         k_cache, v_cache = kv.clone()
         calls.clear()
         out, delta = layer_step(layer, weights, h, None, k_cache, v_cache, cos, sin, inp)
         assert delta is None  # the fused one-row layer
-        # row kernels: all four, or before qkv and w13 only, or (NORM_CODES) before qkv only
-        assert len(calls) == {True: 2, False: 4, "norm": 1}[on]
+        assert len(calls) == (2 if on else 4)  # row kernels: before qkv and w13 only, or all
         outs[on] = (out, k_cache, v_cache)
-    for on in (True, "norm"):
-        for a_, b_ in zip(outs[on], outs[False], strict=True):
-            assert torch.equal(a_, b_), on
+    for a_, b_ in zip(outs[True], outs[False], strict=True):
+        assert torch.equal(a_, b_)

@@ -25,11 +25,9 @@ from mathagent.serving.engine.cuda.products import (
     attention_codes,
     fused_ok,
     gemv,
-    gemv_norm_codes,
     glu_codes,
     glu_form,
     linear,
-    norm_codes,
     product_weight,
 )
 from mathagent.serving.engine.model import Transformer
@@ -157,12 +155,8 @@ def layer_step(
         o = attention.decode_attention(q, k_cache, v_cache, inp.slots, inp.start, inp.tree)
     o = o.reshape(bsz, width, nh * hd)
     if fused:
-        rows = bsz * width
-        if norm_codes(wo, w13, rows, shape.fast):  # wo writes w13's codes: no row kernel
-            h, w13_in = gemv_norm_codes(o, wo, h, ln2, w13, eps)
-            act = gemv(w13_in, w13, shape.fast, glu=True, dtype=h.dtype, **glu_codes(w13, w2))
-            return gemv(act, w2, shape.fast, residual=h), None
         h = gemv(o, wo, shape.fast, residual=h)
+        rows = bsz * width
         if glu_form(w13, rows, shape.fast):
             act = gemv(h, w13, shape.fast, norm=ln2, eps=eps, glu=True, **glu_codes(w13, w2))
             return gemv(act, w2, shape.fast, residual=h), None

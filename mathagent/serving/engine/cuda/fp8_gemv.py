@@ -27,12 +27,7 @@ from mathagent.serving.engine.cuda import fp8, kernels
 
 triton = kernels.triton
 if triton is not None:
-    import triton.language as tl
-
     from mathagent.serving.engine.cuda.fp8_gemv_kernels import _fp8_gemv_kernel, _fp8_row_kernel
-
-    _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16,
-                  torch.float32: tl.float32}  # fmt: skip
 
 
 # Verify rows of the FP8 model through gemv (norm / SiLU / residual fused, as at one row): on
@@ -84,10 +79,6 @@ A16 = False
 GLU_CODES = True
 # The same for the output projection: the one-row attention writes wo's codes.
 ATTENTION_CODES = True
-# And for the normed w13: the one-row wo (residual added) writes, in its last program to finish,
-# the codes of RMSNorm(h) * g with w13's static scale (:func:`gemv_norm_codes`), so no row
-# kernel runs between wo and w13.
-NORM_CODES = True
 
 
 def fp8_gemv_config(n: int, k: int, glu: bool = False) -> Fp8GemvConfig:
@@ -191,7 +182,6 @@ def gemv(
     glu: bool = False,
     input_scale: torch.Tensor | None = None,
     out_scale: torch.Tensor | None = None,
-    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``f(x) @ (weight[N, K] * weight_scale[N]).T (+ residual)`` for one row, FP8 model; for
     2..16 rows (verify, where :func:`rows_fit`) the same through the tensor-core rows kernel.
@@ -200,16 +190,14 @@ def gemv(
     result is ``silu(gate) * up`` ``[N / 2]``. ``config`` (the sweep's knob) overrides the one-row
     launch shape: ``[block_n, block_k, warps]``. ``input_scale``: the product's static
     activation scale ``[1]`` (a checkpoint's), else each row's own; one row of ``x`` may then be
-    those codes already (e4m3: the w2 after a ``CODES`` w13, the w13 after
-    :func:`gemv_norm_codes`), with a residual or ``dtype`` naming the model dtype. ``out_scale``
+    those codes already (e4m3, with a residual: the w2 after a ``CODES`` w13). ``out_scale``
     (one row, GLU): the result as e4m3 codes with the next product's static scale
     (:data:`GLU_CODES`).
     """
     n, k = weight.shape
     codes_in = x.dtype == torch.float8_e4m3fn
-    if codes_in and (input_scale is None or x.numel() != k or (residual is None and dtype is None)):
-        raise ValueError("fp8 gemv: codes in need one row, their static scale and the model "
-                         "dtype (a residual or dtype)")  # fmt: skip
+    if codes_in and (input_scale is None or residual is None or x.numel() != k):
+        raise ValueError("fp8 gemv: codes in need one row, their static scale and a residual")
     if out_scale is not None and not (glu and x.numel() == x.shape[-1]):
         raise ValueError("fp8 gemv: codes out are the one-row GLU form's")
     if x.numel() != x.shape[-1] or (config is None and not codes_in and (n, k) in ONE_ROW_CONFIGS):
@@ -218,17 +206,6 @@ def gemv(
         y = _rows_gemv(x, weight, weight_scale, norm, None if glu else residual, eps, silu_mul,
                        cfg, input_scale)  # fmt: skip
         return _glu_after(y) if glu else y
-    return _one_row(x, weight, weight_scale, norm, residual, eps, silu_mul, config, glu,
-                    input_scale, out_scale, dtype)  # fmt: skip
-
-
-def _one_row(x, weight, weight_scale, norm, residual, eps, silu_mul, config, glu, input_scale,
-             out_scale, dtype, norm_codes=None) -> torch.Tensor:  # fmt: skip
-    # The one-row launch of gemv; norm_codes = (codes out [N], next norm weight, next static
-    # scale): the last program also writes those codes (NORM_CODES)
-    n, k = weight.shape
-    codes_in = x.dtype == torch.float8_e4m3fn
-    model_dtype = residual.dtype if residual is not None else dtype if codes_in else x.dtype
     x1 = x.reshape(-1).contiguous()
     pro = 1 if norm is not None else 2 if silu_mul else 0
     cfg = fp8_gemv_config(n, k, glu)
@@ -241,63 +218,25 @@ def _one_row(x, weight, weight_scale, norm, residual, eps, silu_mul, config, glu
         q, s, kernel_pro = x1, weight_scale, pro
     else:
         (q, s), kernel_pro = quantize_row(x1, k, norm, eps, pro, cfg.pdl, input_scale), 0
-    out_dtype = torch.float8_e4m3fn if out_scale is not None else model_dtype
-    y = torch.empty(n_out, dtype=out_dtype, device=x.device)
-    nq, ng, nis = norm_codes if norm_codes is not None else (s, s, s)
-    cnt = s if norm_codes is None else kernels.arrival_counters("fp8_norm_codes", 1, x.device)
+    dtype = torch.float8_e4m3fn if out_scale is not None else (residual if codes_in else x).dtype
+    y = torch.empty(n_out, dtype=dtype, device=x.device)
     _fp8_gemv_kernel[(triton.cdiv(n_out, cfg.block_n),)](
         q, s, weight, weight_scale, y, x1 if residual is None else residual.reshape(n_out),
-        x1 if norm is None else norm, s if out_scale is None else out_scale, nq, ng, nis, cnt,
-        n_out, k, weight.stride(0),
-        eps, RESID=residual is not None, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        EVICT=cfg.evict, PDL=cfg.pdl, GLU=glu, DT=_TL_DTYPES[model_dtype],
+        x1 if norm is None else norm, s if out_scale is None else out_scale, n_out, k,
+        weight.stride(0), eps, RESID=residual is not None, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, EVICT=cfg.evict, PDL=cfg.pdl, GLU=glu,
         A16=A16 and input_scale is None and not codes_in, PRO=kernel_pro,
-        CODES=out_scale is not None, NORM_CODES=norm_codes is not None,
-        BLOCK_H=triton.next_power_of_2(n_out), num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
+        CODES=out_scale is not None, num_warps=cfg.num_warps,
+        launch_pdl=cfg.pdl,
     )  # fmt: skip
     return y.view(*x.shape[:-1], n_out)
 
 
 @gemv.register_fake
 def _(x, weight, weight_scale, norm=None, residual=None, eps=1e-6, silu_mul=False, config=None,
-      glu=False, input_scale=None, out_scale=None, dtype=None):  # fmt: skip
-    if out_scale is not None:
-        out_dtype = torch.float8_e4m3fn
-    elif x.dtype == torch.float8_e4m3fn:
-        out_dtype = residual.dtype if residual is not None else dtype
-    else:
-        out_dtype = x.dtype
+      glu=False, input_scale=None, out_scale=None):  # fmt: skip
+    dtype = torch.float8_e4m3fn if out_scale is not None else x.dtype
+    if x.dtype == torch.float8_e4m3fn and residual is not None:
+        dtype = residual.dtype
     n = weight.shape[0] // 2 if glu else weight.shape[0]
-    return x.new_empty(*x.shape[:-1], n, dtype=out_dtype)
-
-
-@torch.library.custom_op("mathagent::fp8_gemv_norm_codes", mutates_args=())
-def gemv_norm_codes(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    residual: torch.Tensor,
-    next_norm: torch.Tensor,
-    next_scale: torch.Tensor,
-    eps: float,
-    input_scale: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One row of ``gemv(x, weight, weight_scale, residual=residual, input_scale=...)`` = h,
-    and the next product's input as e4m3 codes: RMSNorm(h) * ``next_norm`` with its static
-    scale ``next_scale`` (the row kernel's rule), written by the GEMV's last program to finish
-    (:data:`NORM_CODES`). Returns (h, codes)."""
-    if x.numel() != x.shape[-1]:
-        raise ValueError("fp8 gemv_norm_codes: one row")
-    n = weight.shape[0]
-    codes = torch.empty(n, dtype=torch.float8_e4m3fn, device=x.device)
-    y = _one_row(x, weight, weight_scale, None, residual, eps, False, None, False, input_scale,
-                 None, None, (codes, next_norm, next_scale))  # fmt: skip
-    return y, codes.view(*x.shape[:-1], n)
-
-
-@gemv_norm_codes.register_fake
-def _(x, weight, weight_scale, residual, next_norm, next_scale, eps, input_scale=None):
-    n = weight.shape[0]
-    shape = (*x.shape[:-1], n)
-    return (x.new_empty(shape, dtype=residual.dtype),
-            x.new_empty(shape, dtype=torch.float8_e4m3fn))  # fmt: skip
+    return x.new_empty(*x.shape[:-1], n, dtype=dtype)

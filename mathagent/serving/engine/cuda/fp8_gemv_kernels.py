@@ -16,7 +16,7 @@ if triton is not None:
     import triton.language as tl
 
     from mathagent.serving.engine.cuda.fp8 import _quantize_codes, _row_scale
-    from mathagent.serving.engine.cuda.kernels import _gemv_input, _rms_normed, _rms_rstd
+    from mathagent.serving.engine.cuda.kernels import _gemv_input, _rms_rstd
 
     @triton.jit
     def _fp8_row_kernel(x_ptr, g_ptr, is_ptr, q_ptr, s_ptr, K, stride_x, eps,
@@ -44,18 +44,6 @@ if triton is not None:
         tl.store(s_ptr, sx)
 
     @triton.jit
-    def _norm_codes(h_ptr, g_ptr, is_ptr, q_ptr, K, eps, BLOCK: tl.constexpr, dt: tl.constexpr):
-        # The row kernel's codes of RMSNorm(h) * g with a static scale (STATIC, PRO 1), from a
-        # row other programs wrote in this launch (read past L1, after the arrival's acquire).
-        rk = tl.arange(0, BLOCK)
-        ok = rk < K
-        xv = tl.load(h_ptr + rk, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-        g = tl.load(g_ptr + rk, mask=ok, other=0.0).to(tl.float32)
-        v = tl.where(ok, _rms_normed(xv, g, _rms_rstd(xv, K, eps), dt), 0.0)
-        inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), tl.load(is_ptr))
-        tl.store(q_ptr + rk, _quantize_codes(v, inv), mask=ok)
-
-    @triton.jit
     def _scaled(acc, sx, ws_ptr, rn, N, dt: tl.constexpr):
         # sum * (x scale * w scale), rounded to the model dtype like the bf16 GEMV's epilogue
         ws = tl.load(ws_ptr + rn, mask=rn < N, other=0.0)
@@ -76,13 +64,11 @@ if triton is not None:
         return acc + w.to(tl.float32) * x
 
     @triton.jit
-    def _fp8_gemv_kernel(q_ptr, s_ptr, w_ptr, ws_ptr, y_ptr, r_ptr, g_ptr, os_ptr, nq_ptr,
-                         ng_ptr, nis_ptr, cnt_ptr, N, K, stride_wn, eps, RESID: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVICT: tl.constexpr,
-                         PDL: tl.constexpr, GLU: tl.constexpr, DT: tl.constexpr,
-                         A16: tl.constexpr = False, PRO: tl.constexpr = 0,
-                         CODES: tl.constexpr = False, NORM_CODES: tl.constexpr = False,
-                         BLOCK_H: tl.constexpr = 16):  # fmt: skip
+    def _fp8_gemv_kernel(q_ptr, s_ptr, w_ptr, ws_ptr, y_ptr, r_ptr, g_ptr, os_ptr, N, K,
+                         stride_wn, eps, RESID: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
+                         GLU: tl.constexpr, A16: tl.constexpr = False, PRO: tl.constexpr = 0,
+                         CODES: tl.constexpr = False):  # fmt: skip
         """One program streams BLOCK_N rows (GLU: of gate and of up) against the codes.
 
         One long function because a Triton kernel is one function. Two weight tiles are
@@ -93,10 +79,7 @@ if triton is not None:
         scale of f(x); A16: q_ptr is the plain bf16 row (no codes, no row kernel: W8A16) and PRO
         its f. GLU: w is [2N, K] (gate rows, then up rows); y = silu(gate) * up, rounded as the
         eager model does. CODES: y is stored as the next product's e4m3 codes with its static
-        input scale (os_ptr), the row kernel's rule on the rounded y. DT: the model dtype.
-        NORM_CODES: the last program to finish (arrival counter cnt_ptr) also writes the next
-        product's e4m3 codes of RMSNorm(y) * g (ng_ptr, static scale nis_ptr) to nq_ptr, the
-        row kernel's work without its launch (BLOCK_H: N's power of two).
+        input scale (os_ptr), the row kernel's rule on the rounded y.
         """
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -112,7 +95,7 @@ if triton is not None:
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
-        dt = DT  # y_ptr holds codes with CODES, q_ptr with W8A8
+        dt = r_ptr.dtype.element_ty  # the model dtype (y_ptr holds codes with CODES)
         sx = tl.full([], 1.0, tl.float32) if A16 else tl.load(s_ptr)  # A16: f(x) per tile
         z = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         acc = _fma_tile(z, wa, q_ptr, 0, rk, rn, g_ptr, K, PRO, dt)
@@ -149,8 +132,3 @@ if triton is not None:
             inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), tl.load(os_ptr))
             y = _quantize_codes(y.to(tl.float32), inv)
         tl.store(y_ptr + rn, y, mask=rn < N)
-        if NORM_CODES:
-            tl.debug_barrier()  # every thread's stores precede the count (release below)
-            if tl.atomic_add(cnt_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-                _norm_codes(y_ptr, ng_ptr, nis_ptr, nq_ptr, N, eps, BLOCK_H, dt)
-                tl.store(cnt_ptr, 0)  # ready for the next launch

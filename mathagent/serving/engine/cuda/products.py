@@ -108,28 +108,6 @@ def glu_codes(w13: Weight, w2: Weight) -> dict[str, torch.Tensor]:
     return {}
 
 
-def norm_codes(wo: Weight, w13: Weight, rows: int, fast: frozenset[tuple[int, int]]) -> bool:
-    """Whether the one-row FP8 output projection writes the GLU-form w13's input codes
-    (:data:`fp8_gemv.NORM_CODES`; w13 needs a static input scale): :func:`gemv_norm_codes`."""
-    return (
-        fp8_gemv.NORM_CODES
-        and isinstance(wo, tuple)
-        and isinstance(w13, tuple)
-        and w13[2] is not None
-        and rows == 1
-        and gemv_ok(wo, fast)
-        and glu_form(w13, rows, fast)
-    )
-
-
-def gemv_norm_codes(
-    o: torch.Tensor, wo: Weight, h: torch.Tensor, ln2: torch.Tensor, w13: Weight, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``h + o @ wo.T`` and w13's e4m3 input codes of its RMSNorm (where :func:`norm_codes`)."""
-    codes, scales, input_scale = wo
-    return fp8_gemv.gemv_norm_codes(o, codes, scales, h, ln2, w13[2], eps, input_scale)
-
-
 def gemv(
     x: torch.Tensor, weight: Weight, fast: frozenset[tuple[int, int]], **fused
 ) -> torch.Tensor:
