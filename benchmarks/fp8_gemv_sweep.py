@@ -134,6 +134,7 @@ def sweep() -> dict:
                 res.setdefault("failed", []).append([name, cfg, repr(exc)[:300]])
         best = min((c for c in timed if errs[c] < 1e-2), key=timed.get)
         fp8_gemv.FP8_GEMV_CONFIGS[(n, k)] = fp8_gemv.Fp8GemvConfig(*best)
+        fp8_gemv.CARD_FP8_GEMV_CONFIGS.get(fp8_gemv.card_key(), {}).pop((n, k), None)
         again = graph_us(lambda: p.launch(list(best)), layers)  # noqa: B023
         res[name] = {"n": n, "k": k, "mb": mb, "best": list(best), "best_us": timed[best],
                      "best_us_again": again, "best_tb_s": mb / timed[best],

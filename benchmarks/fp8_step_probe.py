@@ -111,6 +111,12 @@ def variant(spec: str):
     plain, glu, glu_on = dict(fp8_gemv.FP8_GEMV_CONFIGS), dict(fp8_gemv.GLU_CONFIGS), fp8_gemv.GLU
     a16, glu_codes, attn_codes = fp8_gemv.A16, fp8_gemv.GLU_CODES, fp8_gemv.ATTENTION_CODES
     tables = {"cfg": fp8_gemv.FP8_GEMV_CONFIGS, "glu": fp8_gemv.GLU_CONFIGS}
+    # relative to this card's shapes: its own table moved into the plain ones for the variant
+    cards = {"cfg": fp8_gemv.CARD_FP8_GEMV_CONFIGS, "glu": fp8_gemv.CARD_GLU_CONFIGS}
+    saved_cards = {key: dict(table) for key, table in cards.items()}
+    card = fp8_gemv.card_key()
+    for key, table in cards.items():
+        tables[key].update(table.pop(card, {}))
     for part in filter(None, spec.split(";")):
         key, value = part.split("=")
         if key in ("GLU", "A16", "GLU_CODES", "ATTENTION_CODES"):
@@ -122,7 +128,8 @@ def variant(spec: str):
     try:
         yield
     finally:
-        for table, saved in ((fp8_gemv.FP8_GEMV_CONFIGS, plain), (fp8_gemv.GLU_CONFIGS, glu)):
+        for table, saved in ((fp8_gemv.FP8_GEMV_CONFIGS, plain), (fp8_gemv.GLU_CONFIGS, glu),
+                             *((cards[key], saved_cards[key]) for key in cards)):  # fmt: skip
             table.clear()
             table.update(saved)
         fp8_gemv.GLU, fp8_gemv.A16 = glu_on, a16

@@ -14,7 +14,18 @@ import torch
 from mathagent.serving.engine.random_model import RANDOM_SHAPES  # the model shapes, one list
 from mathagent.serving.engine.sampling_params import SamplingParams
 
-DATASHEET_HBM_BYTES_PER_S = 4.8e12  # H200 SXM datasheet
+# HBM bandwidth of each card by its datasheet (the first name contained in the device's wins):
+# a run's roofline is the card's it ran on. Issue 18 states its goals at the H200's.
+CARD_HBM_BYTES_PER_S = {"H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12}
+DATASHEET_HBM_BYTES_PER_S = CARD_HBM_BYTES_PER_S["H200"]
+
+
+def card_bytes_per_s(name: str | None = None) -> float:
+    """The datasheet HBM bandwidth of the card ``name`` (default: this process's GPU); the
+    H200's for a card not listed."""
+    name = name or torch.cuda.get_device_name()
+    return next((bw for card, bw in CARD_HBM_BYTES_PER_S.items() if card in name),
+                DATASHEET_HBM_BYTES_PER_S)  # fmt: skip
 
 
 def build_hf_model(shape: str, seed: int = 0) -> torch.nn.Module:
@@ -44,7 +55,8 @@ def roofline(model: torch.nn.Module, copy_bytes_per_s: float) -> dict:
     nbytes = weight_bytes(model)
     return {
         "weight_bytes": nbytes,
-        "roofline_tok_s_datasheet": DATASHEET_HBM_BYTES_PER_S / nbytes,
+        "roofline_tok_s_datasheet": card_bytes_per_s() / nbytes,
+        "roofline_tok_s_h200_datasheet": DATASHEET_HBM_BYTES_PER_S / nbytes,
         "roofline_tok_s_measured_copy": copy_bytes_per_s / nbytes,
     }
 

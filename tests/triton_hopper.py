@@ -54,6 +54,9 @@ def fp8_gemv_launches() -> list[dict]:
             "stride_wn": "i32", "eps": "float"}  # fmt: skip
     shapes = [(shape, cfg, False) for shape, cfg in fp8_gemv.FP8_GEMV_CONFIGS.items()]
     shapes += [(shape, cfg, True) for shape, cfg in fp8_gemv.GLU_CONFIGS.items()]
+    for card in (fp8_gemv.CARD_FP8_GEMV_CONFIGS, fp8_gemv.CARD_GLU_CONFIGS):  # other cards' too
+        glu = card is fp8_gemv.CARD_GLU_CONFIGS
+        shapes += [(shape, cfg, glu) for table in card.values() for shape, cfg in table.items()]
     rows = []
     for (n, k), cfg, glu in shapes:
         pro = int(n > k)  # a Llama layer's widening products (qkv, w13) take a normed input
@@ -70,7 +73,8 @@ def fp8_gemv_launches() -> list[dict]:
             }
             built = compile_for_hopper(_fp8_gemv_kernel, kinds, constexprs, cfg.num_warps)
             rows.append({"kernel": "fp8_gemv", "shape": [n, k], "glu": glu, "a16": a16,
-                         "codes": codes, "pro": pro if a16 else 0, **built})  # fmt: skip
+                         "codes": codes, "pro": pro if a16 else 0,
+                         "launch": [cfg.block_n, cfg.block_k, cfg.num_warps], **built})  # fmt: skip
     return rows
 
 

@@ -17,10 +17,10 @@ part() { dd if="$G" of=".devrun/gg/$1" bs=1M iflag=skip_bytes,count_bytes skip="
 # a call carries 64 MiB with the tree (~31 MB since three heads are tracked): the wheels and
 # g0 in the first call, g1 and g2 alone, g3 with the run itself
 rm -f .devrun/gg/g*
-part g0 0 24000000
-part g1 24000000 35000000
-part g2 59000000 35000000
-part g3 94000000
+part g0 0 22000000
+part g1 22000000 32000000
+part g2 54000000 32000000
+part g3 86000000
 [ "$(cat .devrun/gg/g* | md5sum | cut -c1-32)" = "$(md5sum < "$G" | cut -c1-32)" ]
 # the versions this checkout's .venv runs, for CPython 3.12 on x86-64 (the device's python3)
 pkgs="pydantic pydantic_core pydantic-settings annotated-types typing-inspection python-dotenv

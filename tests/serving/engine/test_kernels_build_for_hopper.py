@@ -27,8 +27,14 @@ def test_fp8_gemv_builds_for_sm90_without_new_spills():
     others = [r for r in every if r["kernel"] != "fp8_gemv"]
     assert len(others) == 6 and all(r["registers"] <= 255 for r in others), others
     rows = [r for r in every if r["kernel"] == "fp8_gemv"]
-    assert len(rows) == 2 * 6 + 1  # W8A8 and A16 at each shape (the FP8 head's too), GLU codes
-    w8a8 = {(tuple(r["shape"]), r["glu"]): r for r in rows if not r["a16"] and not r["codes"]}
+    # W8A8 and A16 at each launch shape (the FP8 head's and other cards' too), GLU codes
+    launches = {(tuple(r["shape"]), r["glu"], tuple(r["launch"])) for r in rows}
+    assert len(launches) == 6 + 3 and len(rows) == 2 * 9 + 2
+    w8a8 = {
+        (tuple(r["shape"]), r["glu"], tuple(r["launch"])): r
+        for r in rows
+        if not r["a16"] and not r["codes"]
+    }
     for row in rows:
-        base = w8a8[(tuple(row["shape"]), row["glu"])]
+        base = w8a8[(tuple(row["shape"]), row["glu"], tuple(row["launch"]))]
         assert row["registers"] <= 255 and row["spill_bytes"] <= base["spill_bytes"], row

@@ -539,7 +539,7 @@ def test_fp8_one_row_glu_writes_silu_of_gate_times_up(dev):
     gate, up = fp8_format.reference_linear(rms_norm(x, g, 1e-5), codes, scale).chunk(2, dim=-1)
     ref = F.silu(gate) * up
     pg, pu = fp8_gemv.gemv(x, codes, scale, norm=g, eps=1e-5).chunk(2, dim=-1)
-    for cfg in (None, [8, 256, 4], [4, 128, 4]):
+    for cfg in (None, [8, 256, 4], [4, 128, 4], [2, 512, 4]):  # 2 rows: the H100's form
         got = fp8_gemv.gemv(x, codes, scale, norm=g, eps=1e-5, config=cfg, glu=True)
         assert got.shape == (1, n // 2) and rel(got, ref) < 4e-3, cfg
         assert max_rel(got, F.silu(pg) * pu) < 1e-2, cfg
@@ -593,3 +593,32 @@ def test_fp8_layer_with_producer_written_codes_equals_the_row_kernels(dev, monke
         outs[on] = (out, k_cache, v_cache)
     for a_, b_ in zip(outs[True], outs[False], strict=True):
         assert torch.equal(a_, b_)
+
+
+def test_fp8_launch_shapes_are_the_cards_own_where_measured(monkeypatch):
+    """An H100 takes its own measured launch shapes where it has them (wo, the GLU w13, the
+    head), the H200's elsewhere; a card without a table, and a host without CUDA, the H200's."""
+    from mathagent.serving.engine.cuda import fp8_gemv
+
+    def launch(n, k, glu=False):
+        cfg = fp8_gemv.fp8_gemv_config(n, k, glu)
+        return cfg.block_n, cfg.block_k, cfg.num_warps
+
+    monkeypatch.setattr(fp8_gemv.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fp8_gemv.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(fp8_gemv, "_device_name", lambda index: "NVIDIA H100 80GB HBM3")
+    assert fp8_gemv.card_key() == "H100 80GB HBM3"
+    assert launch(4096, 4096) == (8, 512, 8)
+    assert launch(28672, 4096, glu=True) == (2, 2048, 4)
+    assert launch(128256, 4096) == (4, 1024, 4)
+    h200 = {shape: (c.block_n, c.block_k, c.num_warps)
+            for shape, c in fp8_gemv.FP8_GEMV_CONFIGS.items()}  # fmt: skip
+    assert launch(6144, 4096) == h200[(6144, 4096)]
+    assert launch(4096, 14336) == h200[(4096, 14336)]
+    for name in ("NVIDIA H200", "NVIDIA H100 NVL"):
+        monkeypatch.setattr(fp8_gemv, "_device_name", lambda index, name=name: name)
+        assert fp8_gemv.card_key() is None
+        assert launch(4096, 4096) == h200[(4096, 4096)]
+        assert launch(28672, 4096, glu=True) == (8, 512, 4)
+    monkeypatch.setattr(fp8_gemv.torch.cuda, "is_available", lambda: False)
+    assert fp8_gemv.card_key() is None

@@ -18,6 +18,7 @@ before waiting on the row kernel, so the stream overlaps it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -62,6 +63,20 @@ FP8_GEMV_CONFIGS: dict[tuple[int, int], Fp8GemvConfig] = {
 # The 8B shape's w13 (fp8_step_probe.py, the decode graph: 8 x 512 with 4 warps 2.530 ms a step,
 # 8 x 512 with 8 warps 2.548, 16 x 512 2.553, 8 x 1024 2.548, 4 x 1024 2.639).
 GLU_CONFIGS: dict[tuple[int, int], Fp8GemvConfig] = {(28672, 4096): Fp8GemvConfig(8, 512, 4)}
+# Launch shapes of another card where the H200's above lost there, by the card's name as torch
+# reports it (the first key it contains; vLLM keeps its Triton kernels' configs per device name
+# the same way). H100 80GB HBM3, in the captured decode graph with static scales and the FP8
+# head (fp8_step_probe.py, runs 128-131): 2.928 -> 2.852 ms; through LLMEngine 329.6 -> 333.6
+# tok/s (fp8_bench.py; GPU_NOTES.md). On the H200, w13's 4 x 1024 had lost to 8 x 512 by 4%.
+CARD_FP8_GEMV_CONFIGS: dict[str, dict[tuple[int, int], Fp8GemvConfig]] = {
+    "H100 80GB HBM3": {
+        (4096, 4096): Fp8GemvConfig(8, 512, 8),
+        (128256, 4096): Fp8GemvConfig(4, 1024, 4),
+    },
+}
+CARD_GLU_CONFIGS: dict[str, dict[tuple[int, int], Fp8GemvConfig]] = {
+    "H100 80GB HBM3": {(28672, 4096): Fp8GemvConfig(2, 2048, 4)},
+}
 # Warps of the row kernel per (K, prologue: 0 plain, 1 norm, 2 SiLU product); else row_warps.
 ROW_WARPS: dict[tuple[int, int], int] = {}
 # One-row w13 writes silu(gate) * up itself (products.glu_form), so w2's input is plain: the
@@ -81,11 +96,27 @@ GLU_CODES = True
 ATTENTION_CODES = True
 
 
+def card_key() -> str | None:
+    """The key of this process's GPU in the ``CARD_*`` tables (None: the H200's tables)."""
+    if not torch.cuda.is_available():
+        return None
+    name = _device_name(torch.cuda.current_device())
+    return next((key for key in {**CARD_FP8_GEMV_CONFIGS, **CARD_GLU_CONFIGS} if key in name), None)
+
+
+@functools.cache
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
 def fp8_gemv_config(n: int, k: int, glu: bool = False) -> Fp8GemvConfig:
-    """The measured launch shape for ``[n, k]`` e4m3 weights, else a heuristic one."""
-    cfg = GLU_CONFIGS.get((n, k)) if glu else None
+    """The measured launch shape for ``[n, k]`` e4m3 weights (this card's, else the H200's),
+    else a heuristic one."""
+    card = card_key()
+    plain = {**FP8_GEMV_CONFIGS, **CARD_FP8_GEMV_CONFIGS.get(card, {})}
+    cfg = {**GLU_CONFIGS, **CARD_GLU_CONFIGS.get(card, {})}.get((n, k)) if glu else None
     if cfg is None:
-        cfg = FP8_GEMV_CONFIGS.get((n, k))
+        cfg = plain.get((n, k))
         if cfg is not None and glu:
             cfg = replace(cfg, block_n=max(1, cfg.block_n // 2))
     if cfg is None:
