@@ -112,11 +112,12 @@ def _device_name(index: int) -> str:
 def fp8_gemv_config(n: int, k: int, glu: bool = False) -> Fp8GemvConfig:
     """The measured launch shape for ``[n, k]`` e4m3 weights (this card's, else the H200's),
     else a heuristic one."""
-    card = card_key()
-    plain = {**FP8_GEMV_CONFIGS, **CARD_FP8_GEMV_CONFIGS.get(card, {})}
-    cfg = {**GLU_CONFIGS, **CARD_GLU_CONFIGS.get(card, {})}.get((n, k)) if glu else None
+    card, shape = card_key(), (n, k)
+    cfg = None
+    if glu:
+        cfg = CARD_GLU_CONFIGS.get(card, {}).get(shape) or GLU_CONFIGS.get(shape)
     if cfg is None:
-        cfg = plain.get((n, k))
+        cfg = CARD_FP8_GEMV_CONFIGS.get(card, {}).get(shape) or FP8_GEMV_CONFIGS.get(shape)
         if cfg is not None and glu:
             cfg = replace(cfg, block_n=max(1, cfg.block_n // 2))
     if cfg is None:

@@ -36,7 +36,8 @@ if triton is not None:
             tl.extra.cuda.gdc_wait()
         rstd = 0.0
         if PRO == 1:
-            rstd = _rms_rstd(tl.load(x_ptr + rk, mask=ok, other=0.0).to(tl.float32), K, eps)
+            xv = tl.load(x_ptr + rk, mask=ok, other=0.0).to(tl.float32)
+            rstd = _rms_rstd(xv * xv, K, eps)
         v = tl.where(ok, _gemv_input(x_ptr, g_ptr, 0, rk, K, rstd, PRO, dt, ok), 0.0)
         sx = tl.load(is_ptr) if STATIC else _row_scale(tl.max(tl.abs(v), axis=0))
         inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), sx)
@@ -119,7 +120,7 @@ if triton is not None:
             for k0 in range(0, K, BLOCK_K):
                 xv = tl.load(q_ptr + k0 + rk).to(tl.float32)
                 ss += xv * xv
-            sx = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+            sx = _rms_rstd(ss, K, eps)
         y = _scaled(tl.sum(acc, axis=1), sx, ws_ptr, rn, N, dt)
         if GLU:  # the eager rounding: gate and up rounded, silu(gate) rounded, the product
             u = _scaled(tl.sum(up, axis=1), sx, ws_ptr + N, rn, N, dt).to(tl.float32)

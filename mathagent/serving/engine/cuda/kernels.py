@@ -48,14 +48,9 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _rms_rstd(x, K, eps):
-        # 1 / rms of a row's float32 values x (zeros past K), as the eager RMSNorm
-        return tl.rsqrt(tl.sum(x * x, axis=0) / K + eps)
-
-    @triton.jit
-    def _rms_normed(x, g, rstd, dt: tl.constexpr):
-        # RMSNorm's output from float32 x and weight g, rounded like the eager model's ops
-        return ((x * rstd).to(dt).to(tl.float32) * g).to(dt).to(tl.float32)
+    def _rms_rstd(ss, K, eps):
+        # 1 / rms of a row of K values from float32 squares ss (summed here), as the eager RMSNorm
+        return tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
 
     @triton.jit
     def _gemv_input(x_ptr, g_ptr, k0, rk, K, rstd, PRO: tl.constexpr, dt: tl.constexpr, ok):
@@ -63,7 +58,8 @@ if triton is not None:
         # masks the columns past K (None: all in range; masked values are undefined).
         x = tl.load(x_ptr + k0 + rk, mask=ok).to(tl.float32)  # [BK]
         if PRO == 1:
-            x = _rms_normed(x, tl.load(g_ptr + k0 + rk, mask=ok).to(tl.float32), rstd, dt)
+            g = tl.load(g_ptr + k0 + rk, mask=ok).to(tl.float32)
+            x = ((x * rstd).to(dt).to(tl.float32) * g).to(dt).to(tl.float32)
         elif PRO == 2:
             up = tl.load(x_ptr + K + k0 + rk, mask=ok).to(tl.float32)
             x = ((x * tl.sigmoid(x)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
@@ -93,7 +89,7 @@ if triton is not None:
             for k0 in range(0, K, BLOCK_K):
                 xv = tl.load(x_ptr + k0 + rk).to(tl.float32)
                 ss += xv * xv
-            rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+            rstd = _rms_rstd(ss, K, eps)
         # Elementwise partial sums; one cross-thread reduction at the end, not per K step.
         acc = w0.to(tl.float32) * _gemv_input(x_ptr, g_ptr, 0, rk, K, rstd, PRO, dt, None)[None, :]
         for k0 in range(BLOCK_K, K, BLOCK_K):
