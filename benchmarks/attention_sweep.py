@@ -74,7 +74,9 @@ def sweep_case(h, hkv, d, dtype, width, length, layers, max_seq, batch=1) -> dic
 
     ref = attn._attention(view, *caches[0], slots, start, tree, h, rope, None).float()
     gs = attn.head_groups(width, h // hkv)
-    out: dict = {"default": [attn.attention_partition(batch, gs), gs]}
+    part = attn.attention_partition(batch, gs)
+    splits = attn.attention_splits(max_seq, part, batch * hkv * gs, dev)
+    out: dict = {"default": [part, gs, splits]}
     times = {}
     for cfg in [None, *CANDIDATES]:
         if cfg is not None and len(cfg) > 3 and (h // hkv) % cfg[3]:
@@ -99,20 +101,24 @@ def main() -> None:
     parser.add_argument("--lengths", nargs="+", type=int, default=[128, 384, 768, 1536])
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--max-seq", type=int, default=2048)
-    parser.add_argument("--candidates", nargs="+", metavar="PART,BLOCK,WARPS[,GS]",
+    parser.add_argument("--batches", nargs="+", type=int, default=[1])
+    parser.add_argument("--candidates", nargs="+", metavar="PART,BLOCK,WARPS[,GS[,SPLITS]]",
                         help="launch shapes to time instead of the full grid (GS: programs "
-                             "per KV head, dividing its query heads)")  # fmt: skip
+                             "per KV head, dividing its query heads; SPLITS: most stretches "
+                             "a row takes)")  # fmt: skip
     args = parser.parse_args()
     if args.candidates:
         CANDIDATES[:] = [tuple(int(x) for x in c.split(",")) for c in args.candidates]
     res: dict = {"candidates": [list(c) for c in CANDIDATES], "cases": []}
-    for model, dt, width, length in itertools.product(args.models, args.dtypes, args.widths,
-                                                      args.lengths):  # fmt: skip
+    for model, dt, batch, width, length in itertools.product(
+        args.models, args.dtypes, args.batches, args.widths, args.lengths
+    ):
         h, hkv, d = layout(model)
-        case = sweep_case(h, hkv, d, DTYPES[dt], width, length, args.layers, args.max_seq)
-        case.update(model=model, dtype=dt, width=width, length=length)
-        print({k: case[k] for k in ("model", "dtype", "width", "length", "default_us", "best",
-                                    "best_us")}, file=sys.stderr, flush=True)  # fmt: skip
+        case = sweep_case(h, hkv, d, DTYPES[dt], width, length, args.layers, args.max_seq, batch)
+        case.update(model=model, dtype=dt, batch=batch, width=width, length=length)
+        print({k: case[k] for k in ("model", "dtype", "batch", "width", "length", "default",
+                                    "default_us", "best", "best_us")},
+              file=sys.stderr, flush=True)  # fmt: skip
         res["cases"].append(case)
     print(json.dumps(res, indent=1))
 

@@ -107,7 +107,9 @@ def variant(spec: str):
     """fp8 GEMV settings for one A/B, restored after: ``;``-separated ``GLU=0|1``, ``A16=0|1``
     (one-row products read the plain row: W8A16, no row kernels), ``GLU_CODES=0|1``,
     ``ATTENTION_CODES=0|1`` (static scales: w13 / the attention write w2's / wo's codes), ``cfg=NxK:bn,bk,warps`` (a
-    plain launch shape), ``glu=NxK:bn,bk,warps`` (w13's GLU launch shape, rows of each half)."""
+    plain launch shape), ``glu=NxK:bn,bk,warps`` (w13's GLU launch shape, rows of each half),
+    ``attn=part,block,warps[,gs[,splits]]`` (the one-token attention's launch, as
+    attention_sweep.py's candidates), ``SPLITS_PER_WAVE=0|1``."""
     plain, glu, glu_on = dict(fp8_gemv.FP8_GEMV_CONFIGS), dict(fp8_gemv.GLU_CONFIGS), fp8_gemv.GLU
     a16, glu_codes, attn_codes = fp8_gemv.A16, fp8_gemv.GLU_CODES, fp8_gemv.ATTENTION_CODES
     tables = {"cfg": fp8_gemv.FP8_GEMV_CONFIGS, "glu": fp8_gemv.GLU_CONFIGS}
@@ -117,10 +119,17 @@ def variant(spec: str):
     card = fp8_gemv.card_key()
     for key, table in cards.items():
         tables[key].update(table.pop(card, {}))
+    real_attention, per_wave = attention._attention, attention.SPLITS_PER_WAVE
     for part in filter(None, spec.split(";")):
         key, value = part.split("=")
         if key in ("GLU", "A16", "GLU_CODES", "ATTENTION_CODES"):
             setattr(fp8_gemv, key, value == "1")
+            continue
+        if key == "SPLITS_PER_WAVE":
+            attention.SPLITS_PER_WAVE = value == "1"
+            continue
+        if key == "attn":
+            attention._attention = one_token_launch(real_attention, value)
             continue
         shape_text, launch = value.split(":")
         shape = tuple(int(v) for v in shape_text.split("x"))
@@ -133,14 +142,33 @@ def variant(spec: str):
             table.clear()
             table.update(saved)
         fp8_gemv.GLU, fp8_gemv.A16 = glu_on, a16
+        attention._attention, attention.SPLITS_PER_WAVE = real_attention, per_wave
         fp8_gemv.GLU_CODES, fp8_gemv.ATTENTION_CODES = glu_codes, attn_codes
 
 
+def one_token_launch(real, value: str):
+    """``attention._attention`` launching one-token rows as ``value`` says (part,block,warps...)."""
+    launch = tuple(int(v) for v in value.split(","))
+
+    def launched(q, k_cache, v_cache, slots, start, tree, h, rope, launch_=None, out_scale=None):
+        if launch_ is None and q.shape[1] == 1:
+            launch_ = launch
+        return real(q, k_cache, v_cache, slots, start, tree, h, rope, launch_, out_scale)
+
+    return launched
+
+
+CONTEXT = 0  # cached positions the probed step attends over (--context)
+
+
 def graph_ms(graphs, reps: int = 50) -> float:
-    """Capture the (1, 1) decode graph anew and time its replay (median of 3 timings)."""
+    """Capture the (1, 1) decode graph anew and time its replay (median of 3 timings), the
+    step's token at position :data:`CONTEXT`."""
     graphs.graphs.clear()
     graphs.capture(1, 1)
-    graph = graphs.graphs[(1, 1)][0]
+    graph, inp, _ = graphs.graphs[(1, 1)]
+    inp.start.fill_(CONTEXT)
+    inp.positions.fill_(CONTEXT)
     return sorted(replay_ms(graph, reps) for _ in range(3))[1]
 
 
@@ -148,7 +176,9 @@ def kernel_profile(graphs, reps: int = 10) -> list[dict]:
     """Kernels of ``reps`` replays of the (1, 1) graph: name, count per step, us per step."""
     graphs.graphs.clear()
     graphs.capture(1, 1)
-    graph = graphs.graphs[(1, 1)][0]
+    graph, inp, _ = graphs.graphs[(1, 1)]
+    inp.start.fill_(CONTEXT)
+    inp.positions.fill_(CONTEXT)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
@@ -209,8 +239,13 @@ def main() -> None:
     parser.add_argument("--quantizations", nargs="+", default=["fp8"])
     parser.add_argument("--variants", nargs="*", default=["GLU=0"])
     parser.add_argument("--ablate", action="store_true", help="also the ablations")
+    parser.add_argument("--context", type=int, default=0,
+                        help="cached positions the step attends over (0: the first token)")  # fmt: skip
     args = parser.parse_args()
-    out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": SHAPE}
+    global CONTEXT
+    CONTEXT = args.context
+    out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": SHAPE,
+                 "context": CONTEXT}  # fmt: skip
     for q in args.quantizations:
         out[q] = probe(q, args.variants, args.ablate)
         torch.cuda.empty_cache()

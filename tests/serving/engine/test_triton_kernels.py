@@ -142,6 +142,37 @@ def test_attention_is_the_same_whatever_programs_share_a_kv_heads_queries(dev, g
     assert rel(out, want) < 1e-5
 
 
+@pytest.mark.parametrize("most", [1, 2, 3])
+def test_attention_with_fewer_splits_than_the_row_needs_takes_longer_stretches(dev, most):
+    """At most 1, 2 or 3 stretches of at least 32 positions: rows of 150 and 40 positions take
+    longer ones (rounded to the 16-position block; the new tokens written inside a stretch,
+    not at its start), the same attention and cache as 32 positions a stretch."""
+    b, t, h, hkv, d, max_seq = 2, 3, 4, 2, 32, 192
+    qkv = torch.randn(b, t, (h + 2 * hkv) * d, device=dev)
+    caches = [torch.randn(3, hkv, max_seq, d, device=dev) for _ in range(2)]
+    slots, start = torch.tensor([2, 0], device=dev), torch.tensor([147, 37], device=dev)
+    positions = (start[:, None] + torch.arange(t, device=dev)).contiguous()
+    freqs = torch.outer(torch.arange(256.0), 1e-4 ** (torch.arange(0, d, 2) / d)).to(dev)
+    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
+    tree = torch.tril(torch.ones(t, t, dtype=torch.int8, device=dev)).repeat(b, 1, 1)
+    view = qkv.view(b, t, -1, d)
+    got, ref = ([c.clone() for c in caches] for _ in range(2))
+    rope = (positions, cos, sin)
+    out = cuda_attention._attention(view, *got, slots, start, tree, h, rope, (32, 16, 4, 1, most))
+    want = cuda_attention._attention(view, *ref, slots, start, tree, h, rope, (32, 16, 4, 1, 8))
+    assert rel(got[0], ref[0]) < 1e-6 and rel(got[1], ref[1]) < 1e-6
+    assert rel(out, want) < 1e-5
+
+
+def test_attention_splits_are_one_wave_of_the_cards_sms():
+    """flash-decoding's rule: no more stretches than one wave of SMs over the programs needs,
+    never fewer than one, and no more than the cache's length needs."""
+    cpu = torch.device("cpu")  # the interpreter counts an H100's 132 SMs
+    assert cuda_attention.attention_splits(4096, 64, 8, cpu) == 16
+    assert cuda_attention.attention_splits(512, 64, 8, cpu) == 8
+    assert cuda_attention.attention_splits(4096, 256, 256, cpu) == 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_split_argmax_is_torch_argmax_ties_included(dev, dtype):
     """Rows of a vocabulary's width cut across programs: the same index as torch.argmax,

@@ -12,6 +12,7 @@ Each kernel is a ``torch.library`` custom op, so ``torch.compile`` treats it as 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -56,8 +57,10 @@ if triton is not None:
         GP: tl.constexpr = G // GS  # query heads of this program
         start = tl.load(start_ptr + b)
         total = start + T
-        n_active = tl.minimum(tl.cdiv(total, PART), NSPLIT)
-        lo = split * PART
+        # PART positions a stretch, more once the row needs more than the NSPLIT stretches
+        part = tl.maximum(tl.cdiv(tl.cdiv(total, NSPLIT), BLOCK_S) * BLOCK_S, PART)
+        n_active = tl.cdiv(total, part)
+        lo = split * part
         r = tl.arange(0, QROWS)
         t, g = r // GP, gs * GP + r % GP
         row_ok = r < T * GP
@@ -68,7 +71,7 @@ if triton is not None:
         q_off = b * stride_qb + t[:, None] * stride_qt + (kvh * G + g)[:, None] * stride_qh
         q = tl.load(q_ptr + q_off + d[None, :], mask=row_ok[:, None], other=0.0)  # [QR, D]
         kv_base = slot * stride_ks + kvh * stride_kh
-        hi = tl.minimum(lo + PART, total)
+        hi = tl.minimum(lo + part, total)
         if ROPE:
             pos = tl.load(pos_ptr + b * T + t, mask=row_ok, other=0)
             q = _rope(q, q_ptr + q_off, row_ok[:, None], pos, cos_ptr, sin_ptr, d, D)
@@ -173,12 +176,34 @@ if triton is not None:
 
 
 def attention_partition(batch: int, groups: int = 1) -> int:
-    """Positions per split-KV program: short for one row (parallelism), long for many;
+    """Positions per split-KV program (fewest; more once a row needs more than
+    :func:`attention_splits` stretches): short for one row (parallelism), long for many;
     :data:`WIDE_PARTITION` for one or two rows whose KV heads' queries are in ``groups > 1``
     programs (a wide verify)."""
     if batch <= 2:
         return WIDE_PARTITION if groups > 1 else 64
     return 256 if batch <= 16 else 512
+
+
+def attention_splits(max_seq: int, part: int, programs: int, device: torch.device) -> int:
+    """Stretches of a (row, KV head, group), the launch's second grid dimension: as many as
+    ``max_seq`` needs at ``part`` positions each, at most one wave of the card's SMs over the
+    ``programs`` (flash-decoding's rule: longer rows take longer stretches, not more of them,
+    so the last stretch's merge reads a bounded number of parts); unbounded when
+    :data:`SPLITS_PER_WAVE` is off."""
+    need = triton.cdiv(max_seq, part)
+    if not SPLITS_PER_WAVE:
+        return need
+    sms = _sm_count(device) if device.type == "cuda" else 132  # the interpreter: an H100's
+    return max(1, min(need, sms // programs))
+
+
+SPLITS_PER_WAVE = True
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 # Alone, 128 positions a program ran the default model's 13-node verify faster (640 cached
@@ -263,8 +288,8 @@ SPLIT_HEADS = True
 def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None,
                out_scale=None) -> torch.Tensor:  # fmt: skip
     """Launch the split-KV kernel over ``q [B, T, >=H, D]`` (the first ``h`` heads are queries);
-    ``launch`` = (positions per split, positions per block, warps[, programs per KV head])
-    overrides the default (benchmarks/attention_sweep.py)."""
+    ``launch`` = (positions per split, positions per block, warps[, programs per KV head[,
+    most splits]]) overrides the default (benchmarks/attention_sweep.py)."""
     bsz, t, _, d = q.shape
     hkv, max_seq = k_cache.shape[1], k_cache.shape[2]
     g = h // hkv
@@ -276,8 +301,11 @@ def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None,
     # verify took 231 us a launch, 19 us with 8 (GPU_NOTES run 50)
     wide = q.dtype == torch.float32 and qrows >= 64
     block_s, warps = (min(part, 64), 8 if wide else 4) if launch is None else launch[1:3]
-    nsplit = triton.cdiv(max_seq, part)
     programs = bsz * hkv * gs
+    if launch is not None and len(launch) > 4:
+        nsplit = min(triton.cdiv(max_seq, part), launch[4])
+    else:
+        nsplit = attention_splits(max_seq, part, programs, q.device)
     ws_rows = programs * nsplit * qrows
     m = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
     lsum = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
