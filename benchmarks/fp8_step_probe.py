@@ -109,7 +109,8 @@ def variant(spec: str):
     ``ATTENTION_CODES=0|1`` (static scales: w13 / the attention write w2's / wo's codes), ``cfg=NxK:bn,bk,warps`` (a
     plain launch shape), ``glu=NxK:bn,bk,warps`` (w13's GLU launch shape, rows of each half),
     ``attn=part,block,warps[,gs[,splits]]`` (the one-token attention's launch, as
-    attention_sweep.py's candidates), ``SPLITS_PER_WAVE=0|1``."""
+    attention_sweep.py's candidates), ``SPLITS_PER_WAVE=0|1``, ``LAUNCH_PDL=0|1`` (the
+    attention's)."""
     plain, glu, glu_on = dict(fp8_gemv.FP8_GEMV_CONFIGS), dict(fp8_gemv.GLU_CONFIGS), fp8_gemv.GLU
     a16, glu_codes, attn_codes = fp8_gemv.A16, fp8_gemv.GLU_CODES, fp8_gemv.ATTENTION_CODES
     tables = {"cfg": fp8_gemv.FP8_GEMV_CONFIGS, "glu": fp8_gemv.GLU_CONFIGS}
@@ -120,13 +121,14 @@ def variant(spec: str):
     for key, table in cards.items():
         tables[key].update(table.pop(card, {}))
     real_attention, per_wave = attention._attention, attention.SPLITS_PER_WAVE
+    attention_pdl = attention.LAUNCH_PDL
     for part in filter(None, spec.split(";")):
         key, value = part.split("=")
         if key in ("GLU", "A16", "GLU_CODES", "ATTENTION_CODES"):
             setattr(fp8_gemv, key, value == "1")
             continue
-        if key == "SPLITS_PER_WAVE":
-            attention.SPLITS_PER_WAVE = value == "1"
+        if key in ("SPLITS_PER_WAVE", "LAUNCH_PDL"):
+            setattr(attention, key, value == "1")
             continue
         if key == "attn":
             attention._attention = one_token_launch(real_attention, value)
@@ -143,6 +145,7 @@ def variant(spec: str):
             table.update(saved)
         fp8_gemv.GLU, fp8_gemv.A16 = glu_on, a16
         attention._attention, attention.SPLITS_PER_WAVE = real_attention, per_wave
+        attention.LAUNCH_PDL = attention_pdl
         fp8_gemv.GLU_CODES, fp8_gemv.ATTENTION_CODES = glu_codes, attn_codes
 
 
