@@ -16,14 +16,16 @@ if triton is not None:
     import triton.language as tl
 
     from mathagent.serving.engine.cuda.fp8 import _quantize_codes, _row_scale
-    from mathagent.serving.engine.cuda.kernels import _gemv_input, _rms_rstd
+    from mathagent.serving.engine.cuda.kernels import _gemv_input, _normed, _rms_rstd
 
     @triton.jit
     def _fp8_row_kernel(x_ptr, g_ptr, is_ptr, q_ptr, s_ptr, K, stride_x, eps,
                         PRO: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
                         STATIC: tl.constexpr = False):  # fmt: skip
         # One program holds a whole row: f(x), max |f(x)|, scale, codes (one read of x).
-        # STATIC: the product's static input scale (is_ptr) instead of the row's max.
+        # STATIC: the product's static input scale (is_ptr) instead of the row's max. The
+        # norm's weight and the static scale never change: read before the PDL wait, so no
+        # memory round trip follows the row's statistics.
         dt = x_ptr.dtype.element_ty
         row = tl.program_id(0)
         x_ptr += row * stride_x
@@ -33,21 +35,26 @@ if triton is not None:
         ok = rk < K
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
+        if PRO == 1:
+            g = tl.load(g_ptr + rk, mask=ok, other=0.0).to(tl.float32)
+        if STATIC:
+            sx = tl.load(is_ptr)
+        if PDL:
             tl.extra.cuda.gdc_wait()
-        rstd = 0.0
         if PRO == 1:
             xv = tl.load(x_ptr + rk, mask=ok, other=0.0).to(tl.float32)
-            rstd = _rms_rstd(xv * xv, K, eps)
-        v = tl.where(ok, _gemv_input(x_ptr, g_ptr, 0, rk, K, rstd, PRO, dt, ok), 0.0)
-        sx = tl.load(is_ptr) if STATIC else _row_scale(tl.max(tl.abs(v), axis=0))
+            v = tl.where(ok, _normed(xv, _rms_rstd(xv * xv, K, eps), g, dt), 0.0)
+        else:
+            v = tl.where(ok, _gemv_input(x_ptr, g_ptr, 0, rk, K, 0.0, PRO, dt, ok), 0.0)
+        if not STATIC:
+            sx = _row_scale(tl.max(tl.abs(v), axis=0))
         inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), sx)
         tl.store(q_ptr + rk, _quantize_codes(v, inv), mask=ok)
         tl.store(s_ptr, sx)
 
     @triton.jit
-    def _scaled(acc, sx, ws_ptr, rn, N, dt: tl.constexpr):
+    def _scaled(acc, sx, ws, dt: tl.constexpr):
         # sum * (x scale * w scale), rounded to the model dtype like the bf16 GEMV's epilogue
-        ws = tl.load(ws_ptr + rn, mask=rn < N, other=0.0)
         return (acc * (sx * ws)).to(dt)
 
     @triton.jit
@@ -93,9 +100,18 @@ if triton is not None:
         if GLU:
             ua = tl.load(u_ptrs, mask=w_ok, other=0.0, eviction_policy=EVICT)
             ub = tl.load(u_ptrs + BLOCK_K, mask=w_ok, other=0.0, eviction_policy=EVICT)
+        # The epilogue's constants now, its residual right after the wait: nothing is read
+        # after the stream, so a program's end is not a memory round trip.
+        ws = tl.load(ws_ptr + rn, mask=rn < N, other=0.0)
+        if GLU:
+            ws_up = tl.load(ws_ptr + N + rn, mask=rn < N, other=0.0)
+        if CODES:
+            inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), tl.load(os_ptr))
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
+        if RESID:
+            r = tl.load(r_ptr + rn, mask=rn < N, other=0.0)
         dt = r_ptr.dtype.element_ty  # the model dtype (y_ptr holds codes with CODES)
         sx = tl.full([], 1.0, tl.float32) if A16 else tl.load(s_ptr)  # A16: f(x) per tile
         z = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -121,15 +137,13 @@ if triton is not None:
                 xv = tl.load(q_ptr + k0 + rk).to(tl.float32)
                 ss += xv * xv
             sx = _rms_rstd(ss, K, eps)
-        y = _scaled(tl.sum(acc, axis=1), sx, ws_ptr, rn, N, dt)
+        y = _scaled(tl.sum(acc, axis=1), sx, ws, dt)
         if GLU:  # the eager rounding: gate and up rounded, silu(gate) rounded, the product
-            u = _scaled(tl.sum(up, axis=1), sx, ws_ptr + N, rn, N, dt).to(tl.float32)
+            u = _scaled(tl.sum(up, axis=1), sx, ws_up, dt).to(tl.float32)
             gate = y.to(tl.float32)
             y = ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * u).to(dt)
         if RESID:
-            r = tl.load(r_ptr + rn, mask=rn < N, other=0.0)
             y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
         if CODES:
-            inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), tl.load(os_ptr))
             y = _quantize_codes(y.to(tl.float32), inv)
         tl.store(y_ptr + rn, y, mask=rn < N)

@@ -53,13 +53,17 @@ if triton is not None:
         return tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
 
     @triton.jit
+    def _normed(x, rstd, g, dt: tl.constexpr):
+        # RMSNorm(x) * g from float32 x and g, rounded like the eager model's ops
+        return ((x * rstd).to(dt).to(tl.float32) * g).to(dt).to(tl.float32)
+
+    @triton.jit
     def _gemv_input(x_ptr, g_ptr, k0, rk, K, rstd, PRO: tl.constexpr, dt: tl.constexpr, ok):
         # The product's input at k0 + rk, float32, rounded like the eager model's ops; ``ok``
         # masks the columns past K (None: all in range; masked values are undefined).
         x = tl.load(x_ptr + k0 + rk, mask=ok).to(tl.float32)  # [BK]
         if PRO == 1:
-            g = tl.load(g_ptr + k0 + rk, mask=ok).to(tl.float32)
-            x = ((x * rstd).to(dt).to(tl.float32) * g).to(dt).to(tl.float32)
+            x = _normed(x, rstd, tl.load(g_ptr + k0 + rk, mask=ok).to(tl.float32), dt)
         elif PRO == 2:
             up = tl.load(x_ptr + K + k0 + rk, mask=ok).to(tl.float32)
             x = ((x * tl.sigmoid(x)).to(dt).to(tl.float32) * up).to(dt).to(tl.float32)
@@ -83,6 +87,8 @@ if triton is not None:
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
+        if RESID:  # requested now, not after the loop: no memory round trip at the end
+            r = tl.load(r_ptr + rn, mask=rn < N, other=0.0)
         rstd = 0.0
         if PRO == 1:  # every program recomputes the row's statistics: K values, from L2
             ss = tl.zeros((BLOCK_K,), dtype=tl.float32)
@@ -100,7 +106,6 @@ if triton is not None:
             )
         y = tl.sum(acc, axis=1).to(dt)
         if RESID:
-            r = tl.load(r_ptr + rn, mask=rn < N, other=0.0)
             y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
         tl.store(y_ptr + rn, y, mask=rn < N)
 
