@@ -196,7 +196,10 @@ def run_all(args: argparse.Namespace) -> None:
     for run in [r for r in args.runs if r.startswith("fp8-")]:
         if "b1" in out.get("none", {}) and "b1" in out.get(run, {}):
             b1 = out[run]["b1"]["steady_tok_s"] / out["none"]["b1"]["steady_tok_s"]
-            out[run.replace("-", "_") + "_over_bf16_b1"] = b1
+            key = run.replace("-", "_")
+            out[key + "_over_bf16_b1"] = b1
+            out[f"goal_1.8x_bf16_{key}"] = b1 >= 1.8
+            out[f"goal_80pct_fp8_roofline_{key}"] = out[run]["b1_fraction_of_roofline"] >= 0.8
     save()
     if "none" in out and "fp8" in out and "b1" in out["fp8"] and "b1" in out["none"]:
         fp8_b1, bf16_b1 = out["fp8"]["b1"]["steady_tok_s"], out["none"]["b1"]["steady_tok_s"]

@@ -313,10 +313,10 @@ def head_groups(width: int, g: int) -> int:
 # reads its step inputs, rotary tables and first block of cached rows while the QKV product
 # finishes. The 8B decode graph on an H100 (run 136, 160 / 288 cached positions): 3.015 ->
 # 2.953 / 3.051 -> 2.986 ms (PDL with 4 warps, or 8 warps alone: within 0.015), greedy tokens
-# unchanged (run 139). Not for verify steps (FP8 4-token graph 3.208 -> 3.336 ms) nor 16 rows
+# unchanged (run 138). Not for verify steps (FP8 4-token graph 3.208 -> 3.336 ms) nor 16 rows
 # (+1.2%): there the early programs hold SMs the products use. Not for the default model's
 # 64-wide heads: unmeasured there, and 8 warps sum its softmax in another order (its greedy
-# tokens moved in run 139).
+# tokens moved in run 138; with this rule they are run 133's code's again, run 139).
 LAUNCH_PDL = True
 
 # A 13-node verify of the default model (3 query heads a KV head) ran 39 rows padded to 64 in
