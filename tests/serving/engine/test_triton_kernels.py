@@ -118,25 +118,36 @@ def test_decode_attention_matches_sdpa_with_tree(dev):
         assert rel(out[i], ref.transpose(0, 1)) < 1e-5
 
 
+def _rope_attention_twice(dev, t, h, hkv, d, max_seq, starts, launches, branch=False):
+    """The rotary attention of two rows (slots 2 and 0, new tokens from ``starts``) under two
+    launch shapes, each on its own copy of one random cache: ``[(output, cache), ...]``.
+    ``branch``: a second branch of tree nodes from the root (7 on), as the lookup branch's."""
+    qkv = torch.randn(2, t, (h + 2 * hkv) * d, device=dev)
+    caches = [torch.randn(3, hkv, max_seq, d, device=dev) for _ in range(2)]
+    slots, start = torch.tensor([2, 0], device=dev), torch.tensor(starts, device=dev)
+    positions = (start[:, None] + torch.arange(t, device=dev)).contiguous()
+    freqs = torch.outer(torch.arange(256.0), 1e-4 ** (torch.arange(0, d, 2) / d)).to(dev)
+    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
+    tree = torch.tril(torch.ones(t, t, dtype=torch.int8, device=dev)).repeat(2, 1, 1)
+    if branch:
+        tree[:, 7:, 1:7] = 0
+    view = qkv.view(2, t, -1, d)
+    runs = []
+    for launch in launches:
+        cache = [c.clone() for c in caches]
+        out = cuda_attention._attention(view, *cache, slots, start, tree, h,
+                                        (positions, cos, sin), launch)  # fmt: skip
+        runs.append((out, cache))
+    return runs
+
+
 @pytest.mark.parametrize("gs", [1, 2, 4])
 def test_attention_is_the_same_whatever_programs_share_a_kv_heads_queries(dev, gs):
     """A KV head's 4 query heads in 1, 2 or 4 programs (13 tree nodes a row: 52, 26 or 13
     rows a program), rotary and the K/V write inside: the same attention and cache."""
-    b, t, h, hkv, d, max_seq = 2, 13, 8, 2, 64, 160
-    qkv = torch.randn(b, t, (h + 2 * hkv) * d, device=dev)
-    caches = [torch.randn(3, hkv, max_seq, d, device=dev) for _ in range(2)]
-    slots, start = torch.tensor([2, 0], device=dev), torch.tensor([90, 17], device=dev)
-    positions = (start[:, None] + torch.arange(t, device=dev)).contiguous()
-    freqs = torch.outer(torch.arange(256.0), 1e-4 ** (torch.arange(0, d, 2) / d)).to(dev)
-    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
-    tree = torch.tril(torch.ones(t, t, dtype=torch.int8, device=dev)).repeat(b, 1, 1)
-    tree[:, 7:, 1:7] = 0  # a second branch from the root, as the lookup branch's nodes
-    view = qkv.view(b, t, -1, d)
-    got, ref = ([c.clone() for c in caches] for _ in range(2))
-    out = cuda_attention._attention(view, *got, slots, start, tree, h, (positions, cos, sin),
-                                    (32, 32, 4, gs))  # fmt: skip
-    want = cuda_attention._attention(view, *ref, slots, start, tree, h, (positions, cos, sin),
-                                     (32, 32, 4, 1))  # fmt: skip
+    (out, got), (want, ref) = _rope_attention_twice(
+        dev, 13, 8, 2, 64, 160, [90, 17], [(32, 32, 4, gs), (32, 32, 4, 1)], branch=True
+    )
     assert cuda_attention.head_groups(13, 4) == 4 and cuda_attention.head_groups(1, 3) == 1
     assert rel(got[0], ref[0]) < 1e-6 and rel(got[1], ref[1]) < 1e-6
     assert rel(out, want) < 1e-5
@@ -147,19 +158,9 @@ def test_attention_with_fewer_splits_than_the_row_needs_takes_longer_stretches(d
     """At most 1, 2 or 3 stretches of at least 32 positions: rows of 150 and 40 positions take
     longer ones (rounded to the 16-position block; the new tokens written inside a stretch,
     not at its start), the same attention and cache as 32 positions a stretch."""
-    b, t, h, hkv, d, max_seq = 2, 3, 4, 2, 32, 192
-    qkv = torch.randn(b, t, (h + 2 * hkv) * d, device=dev)
-    caches = [torch.randn(3, hkv, max_seq, d, device=dev) for _ in range(2)]
-    slots, start = torch.tensor([2, 0], device=dev), torch.tensor([147, 37], device=dev)
-    positions = (start[:, None] + torch.arange(t, device=dev)).contiguous()
-    freqs = torch.outer(torch.arange(256.0), 1e-4 ** (torch.arange(0, d, 2) / d)).to(dev)
-    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
-    tree = torch.tril(torch.ones(t, t, dtype=torch.int8, device=dev)).repeat(b, 1, 1)
-    view = qkv.view(b, t, -1, d)
-    got, ref = ([c.clone() for c in caches] for _ in range(2))
-    rope = (positions, cos, sin)
-    out = cuda_attention._attention(view, *got, slots, start, tree, h, rope, (32, 16, 4, 1, most))
-    want = cuda_attention._attention(view, *ref, slots, start, tree, h, rope, (32, 16, 4, 1, 8))
+    (out, got), (want, ref) = _rope_attention_twice(
+        dev, 3, 4, 2, 32, 192, [147, 37], [(32, 16, 4, 1, most), (32, 16, 4, 1, 8)]
+    )
     assert rel(got[0], ref[0]) < 1e-6 and rel(got[1], ref[1]) < 1e-6
     assert rel(out, want) < 1e-5
 

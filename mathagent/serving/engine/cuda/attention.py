@@ -309,9 +309,10 @@ def head_groups(width: int, g: int) -> int:
     return next((n for n in range(1, g + 1) if g % n == 0 and width * g // n <= 16), g)
 
 
-# One-token steps of one row with 128-wide heads launch the kernel with PDL and 8 warps: it
-# reads its step inputs, rotary tables and first block of cached rows while the QKV product
-# finishes. The 8B decode graph on an H100 (run 136, 160 / 288 cached positions): 3.015 ->
+# One-token steps of one row with 128-wide heads and the rotary inside (the Llama layout; q/k
+# norm models rotate before the kernel) launch it with PDL and 8 warps: it reads its step
+# inputs, rotary tables and first block of cached rows while the QKV product finishes. The 8B
+# decode graph on an H100 (run 136, 160 / 288 cached positions): 3.015 ->
 # 2.953 / 3.051 -> 2.986 ms (PDL with 4 warps, or 8 warps alone: within 0.015), greedy tokens
 # unchanged (run 138). Not for verify steps (FP8 4-token graph 3.208 -> 3.336 ms) nor 16 rows
 # (+1.2%): there the early programs hold SMs the products use. Not for the default model's
@@ -340,7 +341,8 @@ def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None,
     # float32 (IEEE dots) at 64+ query rows spills with 4 warps: the default model's 11-node
     # verify took 231 us a launch, 19 us with 8 (GPU_NOTES run 50)
     wide = q.dtype == torch.float32 and qrows >= 64
-    wait = q.is_cuda and pdl_supported() and LAUNCH_PDL and t == 1 and bsz == 1 and d == 128
+    wait = (q.is_cuda and pdl_supported() and LAUNCH_PDL and t == 1 and bsz == 1 and d == 128
+            and rope is not None)  # fmt: skip
     block_s, warps = (min(part, 64), 8 if wide or wait else 4) if launch is None else launch[1:3]
     programs = bsz * hkv * gs
     if launch is not None and len(launch) > 4:
