@@ -85,7 +85,7 @@ def fp8_gemv_launches() -> list[dict]:
 def static_scale_launches() -> list[dict]:
     """The kernels that take a static FP8 input scale or write codes, each way, at the 8B
     decode shape: the row kernels (STATIC) and the split-KV attention (CODES: wo's codes)."""
-    from mathagent.serving.engine.cuda.attention import _attn_kernel
+    from mathagent.serving.engine.cuda.attention_kernels import _attn_kernel
     from mathagent.serving.engine.cuda.fp8 import _quant_rows_kernel
     from mathagent.serving.engine.cuda.fp8_gemv_kernels import _fp8_row_kernel
 
