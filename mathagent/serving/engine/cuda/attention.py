@@ -39,17 +39,20 @@ def attention_partition(batch: int, groups: int = 1) -> int:
     return 256 if batch <= 16 else 512
 
 
-def attention_splits(max_seq: int, part: int, programs: int, device: torch.device) -> int:
+def attention_splits(max_seq: int, part: int, programs: int, device: torch.device,
+                     most: int | None = None) -> int:  # fmt: skip
     """Stretches of a (row, KV head, group), the launch's second grid dimension: as many as
-    ``max_seq`` needs at ``part`` positions each, at most one wave of the card's SMs over the
-    ``programs`` (flash-decoding's rule: longer rows take longer stretches, not more of them,
-    so the last stretch's merge reads a bounded number of parts); unbounded when
-    :data:`SPLITS_PER_WAVE` is off."""
+    ``max_seq`` needs at ``part`` positions each, at most ``most`` or else one wave of the
+    card's SMs over the ``programs`` (flash-decoding's rule: longer rows take longer stretches,
+    not more of them, so the last stretch's merge reads a bounded number of parts); unbounded
+    when :data:`SPLITS_PER_WAVE` is off."""
     need = triton.cdiv(max_seq, part)
-    if not SPLITS_PER_WAVE:
+    if most is None and not SPLITS_PER_WAVE:
         return need
-    sms = _sm_count(device) if device.type == "cuda" else 132  # the interpreter: an H100's
-    return max(1, min(need, sms // programs))
+    if most is None:
+        sms = _sm_count(device) if device.type == "cuda" else 132  # the interpreter: an H100's
+        most = max(1, sms // programs)
+    return min(need, most)
 
 
 SPLITS_PER_WAVE = True
@@ -165,14 +168,12 @@ def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None,
     # float32 (IEEE dots) at 64+ query rows spills with 4 warps: the default model's 11-node
     # verify took 231 us a launch, 19 us with 8 (GPU_NOTES run 50)
     wide = q.dtype == torch.float32 and qrows >= 64
-    wait = (q.is_cuda and pdl_supported() and LAUNCH_PDL and t == 1 and bsz == 1 and d == 128
-            and rope is not None)  # fmt: skip
+    pdl = q.is_cuda and pdl_supported()
+    wait = pdl and LAUNCH_PDL and t == 1 and bsz == 1 and d == 128 and rope is not None
     block_s, warps = (min(part, 64), 8 if wide or wait else 4) if launch is None else launch[1:3]
     programs = bsz * hkv * gs
-    if launch is not None and len(launch) > 4:
-        nsplit = min(triton.cdiv(max_seq, part), launch[4])
-    else:
-        nsplit = attention_splits(max_seq, part, programs, q.device)
+    most = launch[4] if launch is not None and len(launch) > 4 else None
+    nsplit = attention_splits(max_seq, part, programs, q.device, most)
     ws_rows = programs * nsplit * qrows
     m = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
     lsum = torch.empty(ws_rows, dtype=torch.float32, device=q.device)
@@ -180,7 +181,6 @@ def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None,
     out = q.new_empty(bsz, t, h, d, dtype=q.dtype if out_scale is None else torch.float8_e4m3fn)
     positions, cos, sin = rope if rope is not None else (start, start, start)
     assert positions.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
-    pdl = q.is_cuda and pdl_supported()
     _attn_kernel[(programs, nsplit)](
         q, k_cache, v_cache, slots, start, tree, m, lsum, acc,
         arrival_counters("attention", programs, q.device), out, positions, cos, sin,
