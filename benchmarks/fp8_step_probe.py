@@ -109,8 +109,8 @@ def variant(spec: str):
     ``ATTENTION_CODES=0|1`` (static scales: w13 / the attention write w2's / wo's codes), ``cfg=NxK:bn,bk,warps`` (a
     plain launch shape), ``glu=NxK:bn,bk,warps`` (w13's GLU launch shape, rows of each half),
     ``attn=part,block,warps[,gs[,splits]]`` (the one-token attention's launch, as
-    attention_sweep.py's candidates), ``SPLITS_PER_WAVE=0|1``, ``LAUNCH_PDL=0|1`` (the
-    attention's)."""
+    attention_sweep.py's candidates), ``SPLITS_PER_WAVE=0|1``, ``LAUNCH_PDL=0|1``,
+    ``NEW_IN_REGISTERS=0|1`` (the attention's)."""
     plain, glu, glu_on = dict(fp8_gemv.FP8_GEMV_CONFIGS), dict(fp8_gemv.GLU_CONFIGS), fp8_gemv.GLU
     a16, glu_codes, attn_codes = fp8_gemv.A16, fp8_gemv.GLU_CODES, fp8_gemv.ATTENTION_CODES
     tables = {"cfg": fp8_gemv.FP8_GEMV_CONFIGS, "glu": fp8_gemv.GLU_CONFIGS}
@@ -121,13 +121,13 @@ def variant(spec: str):
     for key, table in cards.items():
         tables[key].update(table.pop(card, {}))
     real_attention, per_wave = attention._attention, attention.SPLITS_PER_WAVE
-    attention_pdl = attention.LAUNCH_PDL
+    attention_pdl, new_in_regs = attention.LAUNCH_PDL, attention.NEW_IN_REGISTERS
     for part in filter(None, spec.split(";")):
         key, value = part.split("=")
         if key in ("GLU", "A16", "GLU_CODES", "ATTENTION_CODES"):
             setattr(fp8_gemv, key, value == "1")
             continue
-        if key in ("SPLITS_PER_WAVE", "LAUNCH_PDL"):
+        if key in ("SPLITS_PER_WAVE", "LAUNCH_PDL", "NEW_IN_REGISTERS"):
             setattr(attention, key, value == "1")
             continue
         if key == "attn":
@@ -145,7 +145,7 @@ def variant(spec: str):
             table.update(saved)
         fp8_gemv.GLU, fp8_gemv.A16 = glu_on, a16
         attention._attention, attention.SPLITS_PER_WAVE = real_attention, per_wave
-        attention.LAUNCH_PDL = attention_pdl
+        attention.LAUNCH_PDL, attention.NEW_IN_REGISTERS = attention_pdl, new_in_regs
         fp8_gemv.GLU_CODES, fp8_gemv.ATTENTION_CODES = glu_codes, attn_codes
 
 
@@ -200,6 +200,70 @@ def kernel_profile(graphs, reps: int = 10) -> list[dict]:
     return sorted(rows, key=lambda r: -r["us_per_step"])[:30]
 
 
+def kernel_timeline(graphs, reps: int = 5) -> dict:
+    """Each kernel's share of the (1, 1) graph's critical path, from the profiler's timestamps.
+
+    A step is a chain (each kernel waits on the one before it; PDL starts it early, so its own
+    duration includes waiting): a kernel's segment is its end minus the previous kernel's end.
+    Kernels are told apart by name and grid (the products' grids differ); per step, the median
+    over ``reps`` replays. ``layer``: one middle layer's kernels in order."""
+    graphs.graphs.clear()
+    graphs.capture(1, 1)
+    graph, inp, _ = graphs.graphs[(1, 1)]
+    inp.start.fill_(CONTEXT)
+    inp.positions.fill_(CONTEXT)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            graph.replay()
+            torch.cuda.synchronize()
+    trace = Path(f"/tmp/fp8_step_probe_trace_{time.time_ns()}.json")
+    prof.export_chrome_trace(str(trace))
+    events = json.loads(trace.read_text())["traceEvents"]
+    trace.unlink()
+    kernels = sorted(
+        (e for e in events if e.get("cat") == "kernel" and "dur" in e), key=lambda e: e["ts"]
+    )
+    per = len(kernels) // reps
+    steps = [kernels[i * per : (i + 1) * per] for i in range(reps)]
+    tables: list[dict[str, list[float]]] = []
+    spans = []
+    for step in steps:
+        table: dict[str, list[float]] = {}
+        prev_end = step[0]["ts"]
+        for e in step:
+            end = e["ts"] + e["dur"]
+            grid = e.get("args", {}).get("grid", "")
+            key = f"{e['name'][:60]} grid={grid}"
+            table.setdefault(key, []).append(max(0.0, end - prev_end))
+            prev_end = max(prev_end, end)
+        tables.append(table)
+        spans.append(prev_end - step[0]["ts"])
+    rows = []
+    for key in tables[0]:
+        sums = sorted(sum(t.get(key, [])) for t in tables)
+        rows.append({"kernel": key, "per_step": len(tables[0][key]),
+                     "segment_us_per_step": round(sums[len(sums) // 2], 2)})  # fmt: skip
+    # one middle layer, in order: from two kernels before an attention to two before the next
+    mid = steps[len(steps) // 2]
+    attn = [i for i, e in enumerate(mid) if "attn" in e["name"]]
+    order = []
+    if len(attn) > 2:
+        j = len(attn) // 2
+        lo, hi = attn[j] - 2, attn[j + 1] - 2
+        for prev, e in zip(mid[lo - 1 : hi - 1], mid[lo:hi], strict=True):
+            gap = e["ts"] + e["dur"] - (prev["ts"] + prev["dur"])
+            order.append([e["name"][:40], e.get("args", {}).get("grid"), round(gap, 2)])
+    return {
+        "kernels_per_step": per,
+        "span_us": sorted(spans)[len(spans) // 2],
+        "segments": sorted(rows, key=lambda r: -r["segment_us_per_step"]),
+        "layer": order,
+    }
+
+
 def probe(quantization: str, variants: list[str], ablate: bool) -> dict:
     t0 = time.perf_counter()
     eng = engine(quantization)
@@ -229,6 +293,10 @@ def probe(quantization: str, variants: list[str], ablate: bool) -> dict:
             res[f"variant {spec}"] = repr(exc)[:300]
         print(spec, res[f"variant {spec}"], flush=True)
     res["whole_again_ms"] = graph_ms(graphs)
+    try:
+        res["timeline"] = kernel_timeline(graphs)
+    except Exception as exc:  # a profiler without CUPTI: the timings stand alone
+        res["timeline"] = repr(exc)[:300]
     try:
         res["profile"] = kernel_profile(graphs)
     except Exception as exc:  # a profiler without CUPTI: the timings stand alone

@@ -165,6 +165,32 @@ def test_attention_with_fewer_splits_than_the_row_needs_takes_longer_stretches(d
     assert rel(out, want) < 1e-5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_token_attention_takes_the_new_kv_from_registers_bit_for_bit(dev, dtype, monkeypatch):
+    """A one-token step's first block takes the new k / v from registers (NEW_IN_REGISTERS) or
+    reads back its own store: the same output and cache, bit for bit, with the new token at a
+    stretch's start, inside one, and at the cache's first position."""
+    d, h, hkv = 64, 4, 2
+    qkv = torch.randn(3, 1, (h + 2 * hkv) * d, device=dev).to(dtype)
+    cache = [torch.randn(3, hkv, 192, d, device=dev).to(dtype) for _ in range(2)]
+    slots, start = torch.tensor([2, 0, 1], device=dev), torch.tensor([64, 37, 0], device=dev)
+    positions = start[:, None].contiguous()
+    freqs = torch.outer(torch.arange(256.0), 1e-4 ** (torch.arange(0, d, 2) / d)).to(dev)
+    cos = torch.cat([freqs, freqs], -1).cos().to(dtype)
+    sin = torch.cat([freqs, freqs], -1).sin().to(dtype)
+    tree = torch.ones(3, 1, 1, dtype=torch.int8, device=dev)
+    runs = []
+    for in_regs in (True, False):
+        monkeypatch.setattr(cuda_attention, "NEW_IN_REGISTERS", in_regs)
+        copy = [c.clone() for c in cache]
+        out = cuda_attention._attention(qkv.view(3, 1, -1, d), *copy, slots, start, tree, h,
+                                        (positions, cos, sin), (32, 16, 4))  # fmt: skip
+        runs.append((out, copy))
+    (out, got), (want, ref) = runs
+    assert torch.equal(out, want)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
 def test_attention_splits_are_one_wave_of_the_cards_sms():
     """flash-decoding's rule: no more stretches than one wave of SMs over the programs needs,
     never fewer than one, and no more than the cache's length needs."""

@@ -147,6 +147,11 @@ def head_groups(width: int, g: int) -> int:
 # tokens moved in run 138; with this rule they are run 133's code's again, run 139).
 LAUNCH_PDL = True
 
+# One-token steps with the rotary inside take the new k / v of the first block from registers
+# instead of reading back what they stored (same values; one memory round trip fewer on the
+# step's critical path). Off: read back, as verify steps do.
+NEW_IN_REGISTERS = True
+
 # A 13-node verify of the default model (3 query heads a KV head) ran 39 rows padded to 64 in
 # each program at 9.3 us a layer, where a one-token decode step's 3 rows took 6.1 us (H200,
 # benchmarks/GPU_NOTES.md, session of 2026-12-04): one program per query head instead.
@@ -190,6 +195,6 @@ def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None,
         HKV=hkv, T=t, G=g, D=d, QROWS=qrows, PART=part, BLOCK_S=block_s, NSPLIT=nsplit,
         MAX_SEQ=max_seq, IEEE=q.dtype == torch.float32, PDL=pdl, ROPE=rope is not None,
         TP=triton.next_power_of_2(t), GS=gs, CODES=out_scale is not None,
-        WAIT=wait, num_warps=warps, launch_pdl=wait,
+        WAIT=wait, NEW_IN_REGS=NEW_IN_REGISTERS, num_warps=warps, launch_pdl=wait,
     )  # fmt: skip
     return out

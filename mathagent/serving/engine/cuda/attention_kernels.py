@@ -24,6 +24,7 @@ if triton is not None:
         QROWS: tl.constexpr, PART: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
         MAX_SEQ: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
         TP: tl.constexpr, GS: tl.constexpr, CODES: tl.constexpr = False, WAIT: tl.constexpr = False,
+        NEW_IN_REGS: tl.constexpr = False,
     ):  # fmt: skip
         """One program per (row, KV head, group of its query heads, split): online-softmax
         attention over a slot's cache. GS: the KV head's G query heads in GS programs of G / GS
@@ -39,6 +40,8 @@ if triton is not None:
         # the output is stored as wo's e4m3 codes (its static input scale at os_ptr). WAIT:
         # launched with PDL; what the producer of q does not write (the step's inputs, the
         # tables, the first block's cached rows, wo's scale) is read before waiting for it.
+        # NEW_IN_REGS (one token, rotary inside): the first block takes the new k / v from
+        # registers, not read back after their store (a memory round trip fewer).
         if PDL:  # let the next product (launched with PDL) start streaming its weights
             tl.extra.cuda.gdc_launch_dependents()
         pid, split = tl.program_id(0), tl.program_id(1)
@@ -97,8 +100,12 @@ if triton is not None:
             tl.debug_barrier()  # the blocks below read them, from other threads of this program
         # the first block's rows from ``start`` on (this step's) now, beside the cached ones
         fresh = ((p0 >= start) & (p0 < kv_end))[:, None]
-        k0 = tl.where(cached, k0, tl.load(k_ptr + kv0, mask=fresh, other=0.0))
-        v0 = tl.where(cached, v0, tl.load(v_ptr + kv0, mask=fresh, other=0.0))
+        if ROPE and NEW_IN_REGS and T == 1:  # the stored values themselves: same rounding
+            k0 = tl.where(fresh, tl.broadcast_to(k_new.to(k_ptr.dtype.element_ty), k0.shape), k0)
+            v0 = tl.where(fresh, tl.broadcast_to(v_new.to(v_ptr.dtype.element_ty), v0.shape), v0)
+        else:
+            k0 = tl.where(cached, k0, tl.load(k_ptr + kv0, mask=fresh, other=0.0))
+            v0 = tl.where(cached, v0, tl.load(v_ptr + kv0, mask=fresh, other=0.0))
         m_i = tl.full((QROWS,), float("-inf"), tl.float32)
         l_i = tl.zeros((QROWS,), tl.float32)
         acc = tl.zeros((QROWS, D), tl.float32)
