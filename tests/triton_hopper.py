@@ -111,7 +111,8 @@ def static_scale_launches() -> list[dict]:
         args = {**ptrs, **dict.fromkeys(strides, "i32"), "out_ptr": "e4m3" if codes else "bf16"}
         consts = {"HKV": 8, "T": 1, "G": 4, "D": 128, "QROWS": 16, "PART": 64, "BLOCK_S": 64,
                   "NSPLIT": 16, "MAX_SEQ": 1024, "IEEE": False, "PDL": True, "ROPE": True,
-                  "TP": 1, "GS": 1, "CODES": codes, "WAIT": wait, "NEW_IN_REGS": True}  # fmt: skip
+                  "TP": 1, "GS": 1, "CODES": codes, "WAIT": wait, "NEW_IN_REGS": True,
+                  "RROWS": 4, "MERGE_LOADS": 4}  # fmt: skip
         # the 8B shape's tensors and strides are multiples of 16, as the engine launches it
         aligned = tuple(name for name in args if name != "qk_scale")
         rows.append({"kernel": "attention", "codes": codes, "wait": wait,

@@ -191,6 +191,21 @@ def test_one_token_attention_takes_the_new_kv_from_registers_bit_for_bit(dev, dt
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
 
 
+@pytest.mark.parametrize("t", [1, 3])
+def test_merging_stretches_parts_requested_together_is_bit_for_bit_the_loop(dev, t, monkeypatch):
+    """The last stretch requests 4 (or 3) stretches' parts at once (MERGE_LOADS) or one at a
+    time: the same output bit for bit, over 5 stretches (a partial last group) and over one."""
+    runs = []
+    for loads in (1, 4, 3):
+        monkeypatch.setattr(cuda_attention, "MERGE_LOADS", loads)
+        torch.manual_seed(0)
+        runs.append(_rope_attention_twice(dev, t, 4, 2, 32, 192, [147, 9], [(32, 16, 4)])[0])
+    (want, ref), *others = runs
+    for out, got in others:
+        assert torch.equal(out, want)
+        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+
+
 def test_attention_splits_are_one_wave_of_the_cards_sms():
     """flash-decoding's rule: no more stretches than one wave of SMs over the programs needs,
     never fewer than one, and no more than the cache's length needs."""
@@ -666,7 +681,7 @@ def test_fp8_launch_shapes_are_the_cards_own_where_measured(monkeypatch):
     monkeypatch.setattr(fp8_gemv.torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(fp8_gemv, "_device_name", lambda index: "NVIDIA H100 80GB HBM3")
     assert fp8_gemv.card_key() == "H100 80GB HBM3"
-    assert launch(4096, 4096) == (8, 512, 8)
+    assert launch(4096, 4096) == (4, 512, 4)
     assert launch(28672, 4096, glu=True) == (2, 2048, 4)
     assert launch(128256, 4096) == (4, 1024, 4)
     h200 = {shape: (c.block_n, c.block_k, c.num_warps)

@@ -152,6 +152,10 @@ LAUNCH_PDL = True
 # step's critical path). Off: read back, as verify steps do.
 NEW_IN_REGISTERS = True
 
+# The last stretch to finish requests this many stretches' parts at once to merge them (one
+# memory round trip each before; 3 a row at 160 cached positions, 64 a stretch).
+MERGE_LOADS = 4
+
 # A 13-node verify of the default model (3 query heads a KV head) ran 39 rows padded to 64 in
 # each program at 9.3 us a layer, where a one-token decode step's 3 rows took 6.1 us (H200,
 # benchmarks/GPU_NOTES.md, session of 2026-12-04): one program per query head instead.
@@ -195,6 +199,7 @@ def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None,
         HKV=hkv, T=t, G=g, D=d, QROWS=qrows, PART=part, BLOCK_S=block_s, NSPLIT=nsplit,
         MAX_SEQ=max_seq, IEEE=q.dtype == torch.float32, PDL=pdl, ROPE=rope is not None,
         TP=triton.next_power_of_2(t), GS=gs, CODES=out_scale is not None,
-        WAIT=wait, NEW_IN_REGS=NEW_IN_REGISTERS, num_warps=warps, launch_pdl=wait,
+        WAIT=wait, NEW_IN_REGS=NEW_IN_REGISTERS, RROWS=triton.next_power_of_2(t * g // gs),
+        MERGE_LOADS=MERGE_LOADS, num_warps=warps, launch_pdl=wait,
     )  # fmt: skip
     return out

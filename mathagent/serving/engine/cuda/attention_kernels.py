@@ -24,7 +24,7 @@ if triton is not None:
         QROWS: tl.constexpr, PART: tl.constexpr, BLOCK_S: tl.constexpr, NSPLIT: tl.constexpr,
         MAX_SEQ: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
         TP: tl.constexpr, GS: tl.constexpr, CODES: tl.constexpr = False, WAIT: tl.constexpr = False,
-        NEW_IN_REGS: tl.constexpr = False,
+        NEW_IN_REGS: tl.constexpr = False, RROWS: tl.constexpr = 16, MERGE_LOADS: tl.constexpr = 1,
     ):  # fmt: skip
         """One program per (row, KV head, group of its query heads, split): online-softmax
         attention over a slot's cache. GS: the KV head's G query heads in GS programs of G / GS
@@ -69,6 +69,7 @@ if triton is not None:
         cached = (p0 < tl.minimum(start, kv_end))[:, None]
         k0 = tl.load(k_ptr + kv0, mask=cached, other=0.0)  # [BS, D]
         v0 = tl.load(v_ptr + kv0, mask=cached, other=0.0)
+        seen0 = _tree_seen(tree_ptr, p0, start, b, t, row_ok, T)  # a step input too
         if ROPE:
             tn = tl.arange(0, TP)
             pos = tl.load(pos_ptr + b * T + t, mask=row_ok, other=0)
@@ -97,7 +98,13 @@ if triton is not None:
             dst = kv_base + p_new[:, None] * stride_kp + d[None, :]
             tl.store(k_ptr + dst, k_new.to(k_ptr.dtype.element_ty), mask=ok)
             tl.store(v_ptr + dst, v_new.to(v_ptr.dtype.element_ty), mask=ok)
-            tl.debug_barrier()  # the blocks below read them, from other threads of this program
+            # the blocks below read them, from other threads of this program (with the first
+            # block's new rows from registers, only a stretch's later blocks do)
+            if NEW_IN_REGS and T == 1:
+                if hi - lo > BLOCK_S:
+                    tl.debug_barrier()
+            else:
+                tl.debug_barrier()
         # the first block's rows from ``start`` on (this step's) now, beside the cached ones
         fresh = ((p0 >= start) & (p0 < kv_end))[:, None]
         if ROPE and NEW_IN_REGS and T == 1:  # the stored values themselves: same rounding
@@ -109,15 +116,16 @@ if triton is not None:
         m_i = tl.full((QROWS,), float("-inf"), tl.float32)
         l_i = tl.zeros((QROWS,), tl.float32)
         acc = tl.zeros((QROWS, D), tl.float32)
-        m_i, l_i, acc = _attend_block(q, k0, v0, p0, start, b, t, row_ok, tree_ptr, qk_scale,
-                                      m_i, l_i, acc, T, IEEE)  # fmt: skip
+        m_i, l_i, acc = _attend_block(q, k0, v0, p0, start, seen0, qk_scale, m_i, l_i, acc,
+                                      T, IEEE)  # fmt: skip
         for s0 in range(lo + BLOCK_S, hi, BLOCK_S):
             p = s0 + tl.arange(0, BLOCK_S)
             kv_off = kv_base + p[:, None] * stride_kp + d[None, :]
             k = tl.load(k_ptr + kv_off, mask=p[:, None] < kv_end, other=0.0)  # [BS, D]
             v = tl.load(v_ptr + kv_off, mask=p[:, None] < kv_end, other=0.0)
-            m_i, l_i, acc = _attend_block(q, k, v, p, start, b, t, row_ok, tree_ptr, qk_scale,
-                                          m_i, l_i, acc, T, IEEE)  # fmt: skip
+            seen = _tree_seen(tree_ptr, p, start, b, t, row_ok, T)
+            m_i, l_i, acc = _attend_block(q, k, v, p, start, seen, qk_scale, m_i, l_i, acc, T,
+                                          IEEE)  # fmt: skip
         o_off = b * stride_ob + t[:, None] * stride_ot + (kvh * G + g)[:, None] * stride_oh
         o_ptrs = out_ptr + o_off + d[None, :]
         if n_active == 1:  # one stretch covers the row: no merge
@@ -131,22 +139,37 @@ if triton is not None:
             tl.debug_barrier()  # every thread's stores precede the count (release below)
             # The last stretch to finish merges all of them (no second kernel per layer).
             if tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel") == n_active - 1:
-                out = _attn_merge(m_ptr, l_ptr, acc_ptr, pid, r, d, n_active, D, QROWS, NSPLIT)
-                tl.store(o_ptrs, _stored(out, q_ptr, inv, CODES), mask=row_ok[:, None])
+                # the merge holds only the real rows (a one-token step's 4 of the dots' 16)
+                rr = tl.arange(0, RROWS)
+                tr, gr = rr // GP, gs * GP + rr % GP
+                out = _attn_merge(m_ptr, l_ptr, acc_ptr, pid, rr, d, n_active, D, QROWS, NSPLIT,
+                                  MERGE_LOADS)  # fmt: skip
+                o_rows = (
+                    b * stride_ob + tr[:, None] * stride_ot + (kvh * G + gr)[:, None] * stride_oh
+                )
+                tl.store(out_ptr + o_rows + d[None, :], _stored(out, q_ptr, inv, CODES),
+                         mask=(rr < T * GP)[:, None])  # fmt: skip
                 tl.store(cnt_ptr + pid, 0)  # ready for the next launch
 
     @triton.jit
-    def _attend_block(q, k, v, p, start, b, t, row_ok, tree_ptr, qk_scale, m_i, l_i, acc,
-                      T: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
-        # One block of positions p [BS] (keys k, values v [BS, D]) into the online softmax.
+    def _tree_seen(tree_ptr, p, start, b, t, row_ok, T: tl.constexpr):
+        # tree[b, t, p - start] for the block's new positions p [BS] (0 elsewhere): [QR, BS]
+        rel = p[None, :] - start
+        new = (rel >= 0) & (rel < T)
+        return tl.load(tree_ptr + (b * T + t[:, None]) * T + rel, mask=new & row_ok[:, None],
+                       other=0)  # fmt: skip
+
+    @triton.jit
+    def _attend_block(q, k, v, p, start, seen, qk_scale, m_i, l_i, acc, T: tl.constexpr,
+                      IEEE: tl.constexpr):  # fmt: skip
+        # One block of positions p [BS] (keys k, values v [BS, D]; seen: the tree's entries
+        # for its new positions, :func:`_tree_seen`) into the online softmax.
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         else:
             s = tl.dot(q, tl.trans(k)) * qk_scale  # [QR, BS]
         rel = p[None, :] - start
         new = (rel >= 0) & (rel < T)
-        tree_off = (b * T + t[:, None]) * T + rel
-        seen = tl.load(tree_ptr + tree_off, mask=new & row_ok[:, None], other=0)
         s = tl.where((rel < 0) | (new & (seen != 0)), s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -181,19 +204,29 @@ if triton is not None:
 
     @triton.jit
     def _attn_merge(m_ptr, l_ptr, acc_ptr, pid, r, d, n_active, D: tl.constexpr,
-                    QROWS: tl.constexpr, NSPLIT: tl.constexpr):  # fmt: skip
-        # Combine the stretches' (max, sum, weighted values) of one (row, KV head).
-        m_run = tl.full((QROWS,), float("-inf"), tl.float32)
-        l_run = tl.zeros((QROWS,), tl.float32)
-        acc = tl.zeros((QROWS, D), tl.float32)
-        for sp in range(0, n_active):
-            ws = (pid * NSPLIT + sp) * QROWS + r
-            m = tl.load(m_ptr + ws, cache_modifier=".cg")
-            m_new = tl.maximum(m_run, m)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            c_old, c_new = tl.exp2(m_run - m_safe), tl.exp2(m - m_safe)
-            l_run = l_run * c_old + tl.load(l_ptr + ws, cache_modifier=".cg") * c_new
-            part = tl.load(acc_ptr + ws[:, None] * D + d[None, :], cache_modifier=".cg")
-            acc = acc * c_old[:, None] + part * c_new[:, None]
-            m_run = m_new
+                    QROWS: tl.constexpr, NSPLIT: tl.constexpr, LOADS: tl.constexpr):  # fmt: skip
+        # Combine the stretches' (max, sum, weighted values) of one (row, KV head), rows r, in
+        # stretch order. LOADS stretches' parts are requested at once (one memory round trip
+        # for LOADS stretches, not one each); a stretch past n_active changes nothing (its max
+        # is -inf: factors 1 and 0 on zeros), so the sums are the one-by-one loop's exactly.
+        m_run = tl.full(r.shape, float("-inf"), tl.float32)
+        l_run = tl.zeros(r.shape, tl.float32)
+        acc = tl.zeros((r.shape[0], D), tl.float32)
+        for sp0 in range(0, n_active, LOADS):
+            for j in tl.static_range(LOADS):
+                sp = sp0 + j
+                ws = (pid * NSPLIT + sp) * QROWS + r
+                on = sp < n_active
+                m = tl.load(m_ptr + ws, mask=on, other=float("-inf"), cache_modifier=".cg")
+                l_part = tl.load(l_ptr + ws, mask=on, other=0.0, cache_modifier=".cg")
+                part = tl.load(acc_ptr + ws[:, None] * D + d[None, :], mask=on, other=0.0,
+                               cache_modifier=".cg")  # fmt: skip
+                m_new = tl.maximum(m_run, m)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                c_old, c_new = tl.exp2(m_run - m_safe), tl.exp2(m - m_safe)
+                l_new = l_run * c_old + l_part * c_new
+                acc_new = acc * c_old[:, None] + part * c_new[:, None]
+                m_run = tl.where(on, m_new, m_run)
+                l_run = tl.where(on, l_new, l_run)
+                acc = tl.where(on, acc_new, acc)
         return acc / tl.where(l_run == 0.0, 1.0, l_run)[:, None]

@@ -68,9 +68,12 @@ GLU_CONFIGS: dict[tuple[int, int], Fp8GemvConfig] = {(28672, 4096): Fp8GemvConfi
 # the same way). H100 80GB HBM3, in the captured decode graph with static scales and the FP8
 # head (fp8_step_probe.py, runs 128-131): 2.928 -> 2.852 ms; through LLMEngine 329.6 -> 333.6
 # tok/s (fp8_bench.py; GPU_NOTES.md). On the H200, w13's 4 x 1024 had lost to 8 x 512 by 4%.
+# wo then went from 8 x 512 x 8 to 4 x 512 x 4 once the attention before it had shortened:
+# the graph at 288 cached positions 2.882 -> 2.854 and 2.862 -> 2.821 ms, at 160 unchanged
+# (runs 143-144); through LLMEngine 354.8 -> 355.3 tok/s.
 CARD_FP8_GEMV_CONFIGS: dict[str, dict[tuple[int, int], Fp8GemvConfig]] = {
     "H100 80GB HBM3": {
-        (4096, 4096): Fp8GemvConfig(8, 512, 8),
+        (4096, 4096): Fp8GemvConfig(4, 512, 4),
         (128256, 4096): Fp8GemvConfig(4, 1024, 4),
     },
 }
