@@ -39,7 +39,9 @@ if triton is not None:
         # new k and v into the cache, so no separate rotary and scatter kernels run. CODES:
         # the output is stored as wo's e4m3 codes (its static input scale at os_ptr). WAIT:
         # launched with PDL; what the producer of q does not write (the step's inputs, the
-        # tables, the first block's cached rows, wo's scale) is read before waiting for it.
+        # tables, the first block's cached rows and tree entries, wo's scale) is read before
+        # waiting for it (the tree read after the k / v store's barrier had cost a round trip:
+        # 6.7 -> 4.7 us a layer, benchmarks/GPU_NOTES.md run 144).
         # NEW_IN_REGS (one token, rotary inside): the first block takes the new k / v from
         # registers, not read back after their store (a memory round trip fewer).
         if PDL:  # let the next product (launched with PDL) start streaming its weights
