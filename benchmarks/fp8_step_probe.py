@@ -172,24 +172,26 @@ CONTEXT = 0  # cached positions the probed step attends over (--context)
 def graph_ms(graphs, reps: int = 50) -> float:
     """Capture the (1, 1) decode graph anew and time its replay (median of 3 timings), the
     step's token at position :data:`CONTEXT`."""
+    return sorted(replay_ms(decode_graph(graphs), reps) for _ in range(3))[1]
+
+
+def decode_graph(graphs, warm: int = 0) -> torch.cuda.CUDAGraph:
+    """The (1, 1) decode graph captured anew, its token at position :data:`CONTEXT`, replayed
+    ``warm`` times."""
     graphs.graphs.clear()
     graphs.capture(1, 1)
     graph, inp, _ = graphs.graphs[(1, 1)]
     inp.start.fill_(CONTEXT)
     inp.positions.fill_(CONTEXT)
-    return sorted(replay_ms(graph, reps) for _ in range(3))[1]
+    for _ in range(warm):
+        graph.replay()
+    torch.cuda.synchronize()
+    return graph
 
 
 def kernel_profile(graphs, reps: int = 10) -> list[dict]:
     """Kernels of ``reps`` replays of the (1, 1) graph: name, count per step, us per step."""
-    graphs.graphs.clear()
-    graphs.capture(1, 1)
-    graph, inp, _ = graphs.graphs[(1, 1)]
-    inp.start.fill_(CONTEXT)
-    inp.positions.fill_(CONTEXT)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
+    graph = decode_graph(graphs, warm=3)
     acts = [torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         for _ in range(reps):
@@ -212,14 +214,7 @@ def kernel_timeline(graphs, reps: int = 5) -> dict:
     duration includes waiting): a kernel's segment is its end minus the previous kernel's end.
     Kernels are told apart by name and grid (the products' grids differ); per step, the median
     over ``reps`` replays. ``layer``: one middle layer's kernels in order."""
-    graphs.graphs.clear()
-    graphs.capture(1, 1)
-    graph, inp, _ = graphs.graphs[(1, 1)]
-    inp.start.fill_(CONTEXT)
-    inp.positions.fill_(CONTEXT)
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
+    graph = decode_graph(graphs, warm=3)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             graph.replay()
@@ -228,6 +223,11 @@ def kernel_timeline(graphs, reps: int = 5) -> dict:
     prof.export_chrome_trace(str(trace))
     events = json.loads(trace.read_text())["traceEvents"]
     trace.unlink()
+    return timeline(events, reps)
+
+
+def timeline(events: list[dict], reps: int) -> dict:
+    """:func:`kernel_timeline`'s figures from a Chrome trace's events of ``reps`` replays."""
     kernels = sorted(
         (e for e in events if e.get("cat") == "kernel" and "dur" in e), key=lambda e: e["ts"]
     )
@@ -240,8 +240,7 @@ def kernel_timeline(graphs, reps: int = 5) -> dict:
         prev_end = step[0]["ts"]
         for e in step:
             end = e["ts"] + e["dur"]
-            grid = e.get("args", {}).get("grid", "")
-            key = f"{e['name'][:60]} grid={grid}"
+            key = f"{e['name'][:60]} grid={e.get('args', {}).get('grid', '')}"
             table.setdefault(key, []).append(max(0.0, end - prev_end))
             prev_end = max(prev_end, end)
         tables.append(table)

@@ -1,0 +1,49 @@
+"""``benchmarks/fp8_step_probe.py``'s timeline: each kernel's share of a chained step's time."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+fp8_step_probe = pytest.importorskip("fp8_step_probe")
+
+# one layer: (name, grid, start offset, end offset) in us; PDL starts kernels before the one
+# before them ends, so a kernel's duration is not its share of the step
+LAYER = [("_fp8_row_kernel", [1, 1, 1], 0.0, 1.0), ("_fp8_gemv_kernel", [384, 1, 1], 0.5, 9.0),
+         ("_attn_kernel", [8, 16, 1], 1.0, 15.0), ("_fp8_gemv_kernel", [512, 1, 1], 2.0, 22.0),
+         ("_fp8_row_kernel", [1, 1, 1], 21.0, 23.0), ("_fp8_gemv_kernel", [7168, 1, 1], 22.0, 60.0),
+         ("_fp8_gemv_kernel", [256, 1, 1], 23.0, 80.0)]  # fmt: skip
+
+
+def trace(reps: int, layers: int) -> list[dict]:
+    events, t0 = [{"cat": "cpu_op", "name": "graph replay", "ts": 0.0, "dur": 1e6}], 0.0
+    for _ in range(reps):
+        events.append({"cat": "kernel", "name": "embedding", "ts": t0, "dur": 1.5,
+                       "args": {"grid": [32, 1, 1]}})  # fmt: skip
+        base = t0 + 1.5
+        for _ in range(layers):
+            for name, grid, start, end in LAYER:
+                events.append({"cat": "kernel", "name": name, "ts": base + start,
+                               "dur": end - start, "args": {"grid": grid}})  # fmt: skip
+            base += 80.0
+        t0 = base + 100.0  # the host's gap between replays is no kernel's share
+    return events
+
+
+def test_each_kernel_is_charged_from_the_previous_kernels_end_to_its_own():
+    res = fp8_step_probe.timeline(trace(reps=3, layers=4), reps=3)
+    assert res["kernels_per_step"] == 1 + 4 * len(LAYER)
+    assert res["span_us"] == pytest.approx(1.5 + 4 * 80.0)
+    share = {row["kernel"]: row["segment_us_per_step"] for row in res["segments"]}
+    assert share["_attn_kernel grid=[8, 16, 1]"] == pytest.approx(4 * 6.0)  # 15 - 9, not 14
+    assert share["_fp8_gemv_kernel grid=[512, 1, 1]"] == pytest.approx(4 * 7.0)
+    assert share["_fp8_row_kernel grid=[1, 1, 1]"] == pytest.approx(4 * (1.0 + 1.0))
+    assert sum(share.values()) == pytest.approx(res["span_us"])
+    layer = res["layer"]  # a middle layer in order, from its row kernel to its w2
+    assert [row[0] for row in layer] == [name for name, *_ in LAYER]
+    assert [row[2] for row in layer] == [1.0, 8.0, 6.0, 7.0, 1.0, 37.0, 20.0]
