@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -180,6 +181,9 @@ def _meta(args: argparse.Namespace, device: str, rows: list[Row], common: dict) 
             "rows": {r.name: r.env for r in rows}, "max_tokens": args.max_tokens,
             "limits": args.limits, "bench_sets": args.bench_set,
             "warm_set": args.warm_set, "tools": False}  # fmt: skip
+    # settings the servers inherit from this process's environment shape the rows too
+    inherited = {k: v for k, v in os.environ.items() if k.startswith("MATHAGENT_")}
+    meta["inherited_env"] = {k: v for k, v in sorted(inherited.items()) if k not in common}
     try:
         import torch
 
