@@ -92,8 +92,9 @@ def static_scale_launches() -> list[dict]:
     rows = []
     for static in (False, True):
         args = {"x_ptr": "bf16", "g_ptr": "bf16", "is_ptr": "f32", "q_ptr": "e4m3",
-                "s_ptr": "f32", "K": "i32", "stride_x": "i32", "eps": "float"}  # fmt: skip
-        consts = {"PRO": 1, "BLOCK": 4096, "PDL": True, "STATIC": static}
+                "s_ptr": "f32", "n_ptr": "bf16", "K": "i32", "stride_x": "i32",
+                "eps": "float"}  # fmt: skip
+        consts = {"PRO": 1, "BLOCK": 4096, "PDL": True, "STATIC": static, "NORMED": static}
         rows.append({"kernel": "fp8_row", "static": static,
                      **compile_for_hopper(_fp8_row_kernel, args, consts, 8)})  # fmt: skip
         args = {"x_ptr": "bf16", "is_ptr": "f32", "q_ptr": "e4m3", "s_ptr": "f32", "K": "i32",

@@ -618,6 +618,33 @@ def test_fp8_one_row_glu_writes_silu_of_gate_times_up(dev):
         assert max_rel(got, F.silu(pg) * pu) < 1e-2, cfg
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_fp8_head_gives_the_unfused_heads_values_from_two_kernels(dev, static):
+    """fp8_head.head: the row kernel normalises the residual stream and stores that hidden
+    state beside its codes, the GEMV stores float32 logits: forward.rms_norm's hidden state,
+    and bit for bit the logits the unfused head (its row kernel, the GEMV, a float copy)
+    computes from it; per-token and static input scales."""
+    from mathagent.serving.engine import fp8_format
+    from mathagent.serving.engine.cuda import fp8_gemv, fp8_head
+    from mathagent.serving.engine.cuda.forward import rms_norm
+
+    torch.manual_seed(13)
+    n, k, bf16 = 256, 512, torch.bfloat16
+    codes, scale = fp8_format.quantize_rows(torch.randn(n, k, device=dev))
+    scale = scale.squeeze(-1)
+    h = torch.randn(1, 1, k, device=dev, dtype=bf16) * 4
+    g = torch.randn(k, device=dev, dtype=bf16)
+    input_scale = torch.tensor([0.05], device=dev) if static else None
+    logits, hidden = fp8_head.head(h, codes, scale, input_scale, g, 1e-5)
+    assert hidden.shape == h.shape and hidden.dtype == bf16
+    assert torch.equal(hidden, rms_norm(h, g, 1e-5))
+    want = fp8_gemv.gemv(hidden, codes, scale, input_scale=input_scale).float()
+    assert logits.shape == (1, 1, n) and logits.dtype == torch.float32
+    assert torch.equal(logits, want)
+    assert fp8_head.fused_ok((codes, scale, input_scale), 1)
+    assert not fp8_head.fused_ok((codes, scale, input_scale), 2) and not fp8_head.fused_ok(g, 1)
+
+
 def test_fp8_layer_with_producer_written_codes_equals_the_row_kernels(dev, monkeypatch):
     """A one-row FP8 layer with static input scales: the attention writing wo's codes and the
     GLU w13 writing w2's (ATTENTION_CODES, GLU_CODES) computes bit for bit what the same layer

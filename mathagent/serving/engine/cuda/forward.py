@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mathagent.serving.engine.cuda import attention, kernels
+from mathagent.serving.engine.cuda import attention, fp8_head, kernels
 from mathagent.serving.engine.cuda import skinny as skinny_kernel
 from mathagent.serving.engine.cuda.products import (
     attention_codes,
@@ -230,8 +230,10 @@ class CudaForward:
         self, h: torch.Tensor, delta: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         norm = self.model.norm
-        hidden = rms_norm(h if delta is None else h + delta, norm.weight, norm.eps)
         head = product_weight(self.model.output)
+        if delta is None and fp8_head.fused_ok(head, h.numel() // h.shape[-1]):
+            return fp8_head.head(h, *head, norm.weight, norm.eps)  # two kernels, not four
+        hidden = rms_norm(h if delta is None else h + delta, norm.weight, norm.eps)
         out = linear(hidden, head, self.shape.fast, skinny=self.shape.skinny)
         return out.float(), hidden
 

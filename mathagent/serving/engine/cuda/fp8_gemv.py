@@ -152,18 +152,19 @@ def quantize_row(
 
 def quantize_input_rows(
     x2: torch.Tensor, k: int, norm: torch.Tensor | None, eps: float, pro: int, pdl: bool,
-    input_scale: torch.Tensor | None = None,
+    input_scale: torch.Tensor | None = None, normed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """e4m3 codes ``[M, k]`` and scales ``[M]`` of the product input ``f(x)`` of each row of
     ``x2 [M, k or 2k]`` (last stride 1): the one-row kernel, one program per row; each row's
-    own scale, or the static ``input_scale [1]``."""
+    own scale, or the static ``input_scale [1]``. ``normed [M, k]``: f(x) is stored there too."""
     m = x2.shape[0]
     q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x2.device)
     s = torch.empty(m, dtype=torch.float32, device=x2.device)
     static = input_scale is not None
     _fp8_row_kernel[(m,)](
-        x2, x2 if norm is None else norm, input_scale if static else s, q, s, k, x2.stride(0),
-        eps, PRO=pro, BLOCK=triton.next_power_of_2(k), PDL=pdl, STATIC=static,
+        x2, x2 if norm is None else norm, input_scale if static else s, q, s,
+        x2 if normed is None else normed, k, x2.stride(0), eps, PRO=pro,
+        BLOCK=triton.next_power_of_2(k), PDL=pdl, STATIC=static, NORMED=normed is not None,
         num_warps=row_warps(k, pro), launch_pdl=pdl,
     )  # fmt: skip
     return q, s

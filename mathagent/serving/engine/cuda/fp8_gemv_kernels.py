@@ -19,13 +19,14 @@ if triton is not None:
     from mathagent.serving.engine.cuda.kernels import _gemv_input, _normed, _rms_rstd
 
     @triton.jit
-    def _fp8_row_kernel(x_ptr, g_ptr, is_ptr, q_ptr, s_ptr, K, stride_x, eps,
+    def _fp8_row_kernel(x_ptr, g_ptr, is_ptr, q_ptr, s_ptr, n_ptr, K, stride_x, eps,
                         PRO: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
-                        STATIC: tl.constexpr = False):  # fmt: skip
+                        STATIC: tl.constexpr = False, NORMED: tl.constexpr = False):  # fmt: skip
         # One program holds a whole row: f(x), max |f(x)|, scale, codes (one read of x).
         # STATIC: the product's static input scale (is_ptr) instead of the row's max. The
         # norm's weight and the static scale never change: read before the PDL wait, so no
-        # memory round trip follows the row's statistics.
+        # memory round trip follows the row's statistics. NORMED: f(x) itself is stored too
+        # (n_ptr, the model dtype; the head's normed hidden state).
         dt = x_ptr.dtype.element_ty
         row = tl.program_id(0)
         x_ptr += row * stride_x
@@ -51,6 +52,8 @@ if triton is not None:
         inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), sx)
         tl.store(q_ptr + rk, _quantize_codes(v, inv), mask=ok)
         tl.store(s_ptr, sx)
+        if NORMED:
+            tl.store(n_ptr + row * K + rk, v.to(dt), mask=ok)
 
     @triton.jit
     def _scaled(acc, sx, ws, dt: tl.constexpr):
