@@ -110,7 +110,8 @@ def variant(spec: str):
     plain launch shape), ``glu=NxK:bn,bk,warps`` (w13's GLU launch shape, rows of each half),
     ``attn=part,block,warps[,gs[,splits]]`` (the one-token attention's launch, as
     attention_sweep.py's candidates), ``SPLITS_PER_WAVE=0|1``, ``LAUNCH_PDL=0|1``,
-    ``NEW_IN_REGISTERS=0|1``, ``MERGE_LOADS=n`` (the attention's)."""
+    ``NEW_IN_REGISTERS=0|1``, ``MERGE_LOADS=n`` (the attention's), ``row=K,pro:warps`` (the
+    row kernel's warps for inputs of width K, prologue pro: 0 plain, 1 norm, 2 SiLU product)."""
     plain, glu, glu_on = dict(fp8_gemv.FP8_GEMV_CONFIGS), dict(fp8_gemv.GLU_CONFIGS), fp8_gemv.GLU
     a16, glu_codes, attn_codes = fp8_gemv.A16, fp8_gemv.GLU_CODES, fp8_gemv.ATTENTION_CODES
     tables = {"cfg": fp8_gemv.FP8_GEMV_CONFIGS, "glu": fp8_gemv.GLU_CONFIGS}
@@ -122,7 +123,7 @@ def variant(spec: str):
         tables[key].update(table.pop(card, {}))
     real_attention, per_wave = attention._attention, attention.SPLITS_PER_WAVE
     attention_pdl, new_in_regs = attention.LAUNCH_PDL, attention.NEW_IN_REGISTERS
-    merge_loads = attention.MERGE_LOADS
+    merge_loads, row_warps = attention.MERGE_LOADS, dict(fp8_gemv.ROW_WARPS)
     for part in filter(None, spec.split(";")):
         key, value = part.split("=")
         if key in ("GLU", "A16", "GLU_CODES", "ATTENTION_CODES"):
@@ -133,6 +134,11 @@ def variant(spec: str):
             continue
         if key == "MERGE_LOADS":
             attention.MERGE_LOADS = int(value)
+            continue
+        if key == "row":
+            shape_text, warps = value.split(":")
+            k, pro = (int(v) for v in shape_text.split(","))
+            fp8_gemv.ROW_WARPS[(k, pro)] = int(warps)
             continue
         if key == "attn":
             attention._attention = one_token_launch(real_attention, value)
@@ -151,6 +157,8 @@ def variant(spec: str):
         attention._attention, attention.SPLITS_PER_WAVE = real_attention, per_wave
         attention.LAUNCH_PDL, attention.NEW_IN_REGISTERS = attention_pdl, new_in_regs
         attention.MERGE_LOADS = merge_loads
+        fp8_gemv.ROW_WARPS.clear()
+        fp8_gemv.ROW_WARPS.update(row_warps)
         fp8_gemv.GLU_CODES, fp8_gemv.ATTENTION_CODES = glu_codes, attn_codes
 
 

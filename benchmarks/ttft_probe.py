@@ -167,6 +167,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--quantization", default="none")
     parser.add_argument("--speculative", default="none")
+    parser.add_argument("--fp8-activation-scales", default="auto",
+                        help="MATHAGENT_ENGINE__FP8_ACTIVATION_SCALES (calibrate: static)")  # fmt: skip
+    parser.add_argument("--fp8-head", action="store_true",
+                        help="MATHAGENT_ENGINE__FP8_HEAD: the vocabulary head in FP8 too")  # fmt: skip
     parser.add_argument("--compiled-prefill", action="store_true",
                         help="MATHAGENT_ENGINE__COMPILED_PREFILL: compiled blocks for prefills")  # fmt: skip
     parser.add_argument("--lengths", type=int, nargs="*", default=[16, 48, 128, 256, 512])
@@ -178,7 +182,8 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     chosen = dict(device=args.device, dtype=args.dtype, quantization=args.quantization,
-                  speculative=args.speculative, compiled_prefill=args.compiled_prefill)  # fmt: skip
+                  speculative=args.speculative, compiled_prefill=args.compiled_prefill,
+                  fp8_activation_scales=args.fp8_activation_scales, fp8_head=args.fp8_head)  # fmt: skip
     settings = EngineSettings(**chosen, max_batch_size=4, max_seq_len=2048)
     config = EngineConfig.from_settings(settings, args.model)
     t0 = time.perf_counter()

@@ -47,3 +47,18 @@ def test_each_kernel_is_charged_from_the_previous_kernels_end_to_its_own():
     layer = res["layer"]  # a middle layer in order, from its row kernel to its w2
     assert [row[0] for row in layer] == [name for name, *_ in LAYER]
     assert [row[2] for row in layer] == [1.0, 8.0, 6.0, 7.0, 1.0, 37.0, 20.0]
+
+
+def test_a_variant_sets_its_knobs_for_the_block_and_restores_them():
+    """``--variants`` entries (a row kernel's warps, a launch shape, an attention knob) hold
+    inside the ``with`` only, so one probe times each against the shipped settings."""
+    from mathagent.serving.engine.cuda import attention, fp8_gemv
+
+    rows, shapes = dict(fp8_gemv.ROW_WARPS), dict(fp8_gemv.FP8_GEMV_CONFIGS)
+    loads = attention.MERGE_LOADS
+    with fp8_step_probe.variant("row=4096,1:16;cfg=4096x4096:8,512,4;MERGE_LOADS=2"):
+        assert fp8_gemv.row_warps(4096, 1) == 16 and fp8_gemv.row_warps(4096, 0) == 8
+        assert fp8_gemv.FP8_GEMV_CONFIGS[(4096, 4096)] == fp8_gemv.Fp8GemvConfig(8, 512, 4)
+        assert attention.MERGE_LOADS == 2
+    assert rows == fp8_gemv.ROW_WARPS and shapes == fp8_gemv.FP8_GEMV_CONFIGS
+    assert loads == attention.MERGE_LOADS
