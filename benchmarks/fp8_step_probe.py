@@ -106,12 +106,13 @@ def no_layers(forward):
 def variant(spec: str):
     """fp8 GEMV settings for one A/B, restored after: ``;``-separated ``GLU=0|1``, ``A16=0|1``
     (one-row products read the plain row: W8A16, no row kernels), ``GLU_CODES=0|1``,
-    ``ATTENTION_CODES=0|1`` (static scales: w13 / the attention write w2's / wo's codes), ``cfg=NxK:bn,bk,warps`` (a
-    plain launch shape), ``glu=NxK:bn,bk,warps`` (w13's GLU launch shape, rows of each half),
-    ``attn=part,block,warps[,gs[,splits]]`` (the one-token attention's launch, as
-    attention_sweep.py's candidates), ``SPLITS_PER_WAVE=0|1``, ``LAUNCH_PDL=0|1``,
-    ``NEW_IN_REGISTERS=0|1``, ``MERGE_LOADS=n`` (the attention's), ``row=K,pro:warps`` (the
-    row kernel's warps for inputs of width K, prologue pro: 0 plain, 1 norm, 2 SiLU product)."""
+    ``ATTENTION_CODES=0|1`` (static scales: w13 / the attention write w2's / wo's codes),
+    ``cfg=NxK:bn,bk,warps`` (a plain launch shape), ``glu=NxK:bn,bk,warps`` (w13's GLU launch
+    shape, rows of each half), ``attn=part,block,warps[,gs[,splits]]`` (the one-token
+    attention's launch, as attention_sweep.py's candidates), ``SPLITS_PER_WAVE=0|1``,
+    ``LAUNCH_PDL=0|1``, ``NEW_IN_REGISTERS=0|1``, ``MERGE_LOADS=n``, ``PRE_BLOCKS=n`` (the
+    attention's), ``row=K,pro:warps`` (the row kernel's warps for inputs of width K, prologue
+    pro: 0 plain, 1 norm, 2 SiLU product)."""
     plain, glu, glu_on = dict(fp8_gemv.FP8_GEMV_CONFIGS), dict(fp8_gemv.GLU_CONFIGS), fp8_gemv.GLU
     a16, glu_codes, attn_codes = fp8_gemv.A16, fp8_gemv.GLU_CODES, fp8_gemv.ATTENTION_CODES
     tables = {"cfg": fp8_gemv.FP8_GEMV_CONFIGS, "glu": fp8_gemv.GLU_CONFIGS}
@@ -124,6 +125,7 @@ def variant(spec: str):
     real_attention, per_wave = attention._attention, attention.SPLITS_PER_WAVE
     attention_pdl, new_in_regs = attention.LAUNCH_PDL, attention.NEW_IN_REGISTERS
     merge_loads, row_warps = attention.MERGE_LOADS, dict(fp8_gemv.ROW_WARPS)
+    pre_blocks = attention.PRE_BLOCKS
     for part in filter(None, spec.split(";")):
         key, value = part.split("=")
         if key in ("GLU", "A16", "GLU_CODES", "ATTENTION_CODES"):
@@ -132,8 +134,8 @@ def variant(spec: str):
         if key in ("SPLITS_PER_WAVE", "LAUNCH_PDL", "NEW_IN_REGISTERS"):
             setattr(attention, key, value == "1")
             continue
-        if key == "MERGE_LOADS":
-            attention.MERGE_LOADS = int(value)
+        if key in ("MERGE_LOADS", "PRE_BLOCKS"):
+            setattr(attention, key, int(value))
             continue
         if key == "row":
             shape_text, warps = value.split(":")
@@ -156,7 +158,7 @@ def variant(spec: str):
         fp8_gemv.GLU, fp8_gemv.A16 = glu_on, a16
         attention._attention, attention.SPLITS_PER_WAVE = real_attention, per_wave
         attention.LAUNCH_PDL, attention.NEW_IN_REGISTERS = attention_pdl, new_in_regs
-        attention.MERGE_LOADS = merge_loads
+        attention.MERGE_LOADS, attention.PRE_BLOCKS = merge_loads, pre_blocks
         fp8_gemv.ROW_WARPS.clear()
         fp8_gemv.ROW_WARPS.update(row_warps)
         fp8_gemv.GLU_CODES, fp8_gemv.ATTENTION_CODES = glu_codes, attn_codes

@@ -108,16 +108,18 @@ def static_scale_launches() -> list[dict]:
             "cos_ptr": "bf16", "sin_ptr": "bf16", "os_ptr": "f32", "qk_scale": "float"}  # fmt: skip
     strides = ("stride_qb", "stride_qt", "stride_qh", "stride_ks", "stride_kh", "stride_kp",
                "stride_ob", "stride_ot", "stride_oh")  # fmt: skip
-    for codes, wait in ((False, False), (True, False), (True, True)):
+    # (codes, wait, blocks read before the wait): the last as a one-token step launches it
+    for codes, wait, pre in ((False, False, 1), (True, False, 1), (True, True, 1), (True, True, 3)):
         args = {**ptrs, **dict.fromkeys(strides, "i32"), "out_ptr": "e4m3" if codes else "bf16"}
         consts = {"HKV": 8, "T": 1, "G": 4, "D": 128, "QROWS": 16, "PART": 64, "BLOCK_S": 64,
                   "NSPLIT": 16, "MAX_SEQ": 1024, "IEEE": False, "PDL": True, "ROPE": True,
                   "TP": 1, "GS": 1, "CODES": codes, "WAIT": wait, "NEW_IN_REGS": True,
-                  "RROWS": 4, "MERGE_LOADS": 4}  # fmt: skip
+                  "RROWS": 4, "MERGE_LOADS": 4, "PRE": pre}  # fmt: skip
         # the 8B shape's tensors and strides are multiples of 16, as the engine launches it
         aligned = tuple(name for name in args if name != "qk_scale")
-        rows.append({"kernel": "attention", "codes": codes, "wait": wait,
-                     **compile_for_hopper(_attn_kernel, args, consts, 4, aligned)})  # fmt: skip
+        warps = 8 if pre > 1 else 4
+        rows.append({"kernel": "attention", "codes": codes, "wait": wait, "pre": pre,
+                     **compile_for_hopper(_attn_kernel, args, consts, warps, aligned)})  # fmt: skip
     return rows
 
 

@@ -157,6 +157,11 @@ NEW_IN_REGISTERS = True
 # row at 160 cached positions, 64 a stretch; the 8B graph 2.844 -> 2.834 ms, run 143).
 MERGE_LOADS = 4
 
+# One-token steps with the rotary inside read this many blocks of their stretch's cached rows
+# before the PDL wait (the first one always); 2-3 with one longer stretch a row at short
+# contexts would trade the merge's round trips for a longer program. Not measured yet: 1.
+PRE_BLOCKS = 1
+
 # A 13-node verify of the default model (3 query heads a KV head) ran 39 rows padded to 64 in
 # each program at 9.3 us a layer, where a one-token decode step's 3 rows took 6.1 us (H200,
 # benchmarks/GPU_NOTES.md, session of 2026-12-04): one program per query head instead.
@@ -202,5 +207,6 @@ def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None,
         TP=triton.next_power_of_2(t), GS=gs, CODES=out_scale is not None,
         WAIT=wait, NEW_IN_REGS=NEW_IN_REGISTERS, RROWS=triton.next_power_of_2(t * g // gs),
         MERGE_LOADS=MERGE_LOADS, num_warps=warps, launch_pdl=wait,
+        PRE=PRE_BLOCKS if t == 1 and rope is not None and NEW_IN_REGISTERS else 1,
     )  # fmt: skip
     return out

@@ -25,6 +25,7 @@ if triton is not None:
         MAX_SEQ: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
         TP: tl.constexpr, GS: tl.constexpr, CODES: tl.constexpr = False, WAIT: tl.constexpr = False,
         NEW_IN_REGS: tl.constexpr = False, RROWS: tl.constexpr = 16, MERGE_LOADS: tl.constexpr = 1,
+        PRE: tl.constexpr = 1,
     ):  # fmt: skip
         """One program per (row, KV head, group of its query heads, split): online-softmax
         attention over a slot's cache. GS: the KV head's G query heads in GS programs of G / GS
@@ -43,7 +44,9 @@ if triton is not None:
         # waiting for it (the tree read after the k / v store's barrier had cost a round trip:
         # 6.7 -> 4.7 us a layer, benchmarks/GPU_NOTES.md run 144).
         # NEW_IN_REGS (one token, rotary inside): the first block takes the new k / v from
-        # registers, not read back after their store (a memory round trip fewer).
+        # registers, not read back after their store (a memory round trip fewer). PRE (2 or 3,
+        # one token): the stretch's second and third blocks' cached rows are read before the
+        # wait too, and take the new k / v from registers as the first does.
         if PDL:  # let the next product (launched with PDL) start streaming its weights
             tl.extra.cuda.gdc_launch_dependents()
         pid, split = tl.program_id(0), tl.program_id(1)
@@ -72,6 +75,14 @@ if triton is not None:
         k0 = tl.load(k_ptr + kv0, mask=cached, other=0.0)  # [BS, D]
         v0 = tl.load(v_ptr + kv0, mask=cached, other=0.0)
         seen0 = _tree_seen(tree_ptr, p0, start, b, t, row_ok, T)  # a step input too
+        if PRE >= 2:
+            k1, v1, seen1 = _cached_block(k_ptr, v_ptr, tree_ptr, kv_base, lo + BLOCK_S, hi,
+                                          start, kv_end, d, b, t, row_ok, stride_kp, BLOCK_S,
+                                          T)  # fmt: skip
+        if PRE >= 3:
+            k2, v2, seen2 = _cached_block(k_ptr, v_ptr, tree_ptr, kv_base, lo + 2 * BLOCK_S, hi,
+                                          start, kv_end, d, b, t, row_ok, stride_kp, BLOCK_S,
+                                          T)  # fmt: skip
         if ROPE:
             tn = tl.arange(0, TP)
             pos = tl.load(pos_ptr + b * T + t, mask=row_ok, other=0)
@@ -103,7 +114,7 @@ if triton is not None:
             # the blocks below read them, from other threads of this program (with the first
             # block's new rows from registers, only a stretch's later blocks do)
             if NEW_IN_REGS and T == 1:
-                if hi - lo > BLOCK_S:
+                if hi - lo > PRE * BLOCK_S:
                     tl.debug_barrier()
             else:
                 tl.debug_barrier()
@@ -120,7 +131,18 @@ if triton is not None:
         acc = tl.zeros((QROWS, D), tl.float32)
         m_i, l_i, acc = _attend_block(q, k0, v0, p0, start, seen0, qk_scale, m_i, l_i, acc,
                                       T, IEEE)  # fmt: skip
-        for s0 in range(lo + BLOCK_S, hi, BLOCK_S):
+        # constexpr first (k1 exists only then), the runtime bound inside: not one ``and``
+        if PRE >= 2:  # noqa: SIM102
+            if lo + BLOCK_S < hi:
+                m_i, l_i, acc = _attend_cached(q, k1, v1, seen1, k_new, v_new, lo + BLOCK_S,
+                                               start, kv_end, qk_scale, m_i, l_i, acc, T, IEEE,
+                                               k_ptr, v_ptr, BLOCK_S)  # fmt: skip
+        if PRE >= 3:  # noqa: SIM102
+            if lo + 2 * BLOCK_S < hi:
+                m_i, l_i, acc = _attend_cached(q, k2, v2, seen2, k_new, v_new, lo + 2 * BLOCK_S,
+                                               start, kv_end, qk_scale, m_i, l_i, acc, T, IEEE,
+                                               k_ptr, v_ptr, BLOCK_S)  # fmt: skip
+        for s0 in range(lo + PRE * BLOCK_S, hi, BLOCK_S):
             p = s0 + tl.arange(0, BLOCK_S)
             kv_off = kv_base + p[:, None] * stride_kp + d[None, :]
             k = tl.load(k_ptr + kv_off, mask=p[:, None] < kv_end, other=0.0)  # [BS, D]
@@ -152,6 +174,30 @@ if triton is not None:
                 tl.store(out_ptr + o_rows + d[None, :], _stored(out, q_ptr, inv, CODES),
                          mask=(rr < T * GP)[:, None])  # fmt: skip
                 tl.store(cnt_ptr + pid, 0)  # ready for the next launch
+
+    @triton.jit
+    def _cached_block(k_ptr, v_ptr, tree_ptr, kv_base, s0, hi, start, kv_end, d, b, t, row_ok,
+                      stride_kp, BLOCK_S: tl.constexpr, T: tl.constexpr):  # fmt: skip
+        # The cached rows (before ``start``) of the block at s0 within the stretch (below hi),
+        # and its tree entries: what a PRE block reads before the wait
+        p = s0 + tl.arange(0, BLOCK_S)
+        off = kv_base + p[:, None] * stride_kp + d[None, :]
+        cached = ((p < tl.minimum(start, kv_end)) & (p < hi))[:, None]
+        k = tl.load(k_ptr + off, mask=cached, other=0.0)
+        v = tl.load(v_ptr + off, mask=cached, other=0.0)
+        return k, v, _tree_seen(tree_ptr, p, start, b, t, row_ok, T)
+
+    @triton.jit
+    def _attend_cached(q, k, v, seen, k_new, v_new, s0, start, kv_end, qk_scale, m_i, l_i, acc,
+                       T: tl.constexpr, IEEE: tl.constexpr, k_ptr, v_ptr,
+                       BLOCK_S: tl.constexpr):  # fmt: skip
+        # A PRE block into the online softmax, its one new row (one token) from registers, as
+        # the first block's: the same values the loop would read back
+        p = s0 + tl.arange(0, BLOCK_S)
+        fresh = ((p >= start) & (p < kv_end))[:, None]
+        k = tl.where(fresh, tl.broadcast_to(k_new.to(k_ptr.dtype.element_ty), k.shape), k)
+        v = tl.where(fresh, tl.broadcast_to(v_new.to(v_ptr.dtype.element_ty), v.shape), v)
+        return _attend_block(q, k, v, p, start, seen, qk_scale, m_i, l_i, acc, T, IEEE)
 
     @triton.jit
     def _tree_seen(tree_ptr, p, start, b, t, row_ok, T: tl.constexpr):
