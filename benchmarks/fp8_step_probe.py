@@ -113,55 +113,48 @@ def variant(spec: str):
     ``LAUNCH_PDL=0|1``, ``NEW_IN_REGISTERS=0|1``, ``MERGE_LOADS=n``, ``PRE_BLOCKS=n`` (the
     attention's), ``row=K,pro:warps`` (the row kernel's warps for inputs of width K, prologue
     pro: 0 plain, 1 norm, 2 SiLU product)."""
-    plain, glu, glu_on = dict(fp8_gemv.FP8_GEMV_CONFIGS), dict(fp8_gemv.GLU_CONFIGS), fp8_gemv.GLU
-    a16, glu_codes, attn_codes = fp8_gemv.A16, fp8_gemv.GLU_CODES, fp8_gemv.ATTENTION_CODES
+    # every module setting a variant may change, restored after it
+    settings = {fp8_gemv: ("GLU", "A16", "GLU_CODES", "ATTENTION_CODES"),
+                attention: ("_attention", *ATTENTION_FLAGS, *ATTENTION_COUNTS)}  # fmt: skip
+    saved = {(mod, name): getattr(mod, name) for mod, names in settings.items() for name in names}
     tables = {"cfg": fp8_gemv.FP8_GEMV_CONFIGS, "glu": fp8_gemv.GLU_CONFIGS}
     # relative to this card's shapes: its own table moved into the plain ones for the variant
     cards = {"cfg": fp8_gemv.CARD_FP8_GEMV_CONFIGS, "glu": fp8_gemv.CARD_GLU_CONFIGS}
-    saved_cards = {key: dict(table) for key, table in cards.items()}
+    dicts = [*tables.values(), *cards.values(), fp8_gemv.ROW_WARPS]
+    saved_dicts = [dict(table) for table in dicts]
     card = fp8_gemv.card_key()
     for key, table in cards.items():
         tables[key].update(table.pop(card, {}))
-    real_attention, per_wave = attention._attention, attention.SPLITS_PER_WAVE
-    attention_pdl, new_in_regs = attention.LAUNCH_PDL, attention.NEW_IN_REGISTERS
-    merge_loads, row_warps = attention.MERGE_LOADS, dict(fp8_gemv.ROW_WARPS)
-    pre_blocks = attention.PRE_BLOCKS
     for part in filter(None, spec.split(";")):
         key, value = part.split("=")
-        if key in ("GLU", "A16", "GLU_CODES", "ATTENTION_CODES"):
+        if key in settings[fp8_gemv]:
             setattr(fp8_gemv, key, value == "1")
-            continue
-        if key in ("SPLITS_PER_WAVE", "LAUNCH_PDL", "NEW_IN_REGISTERS"):
+        elif key in ATTENTION_FLAGS:
             setattr(attention, key, value == "1")
-            continue
-        if key in ("MERGE_LOADS", "PRE_BLOCKS"):
+        elif key in ATTENTION_COUNTS:
             setattr(attention, key, int(value))
-            continue
-        if key == "row":
+        elif key == "row":
             shape_text, warps = value.split(":")
             k, pro = (int(v) for v in shape_text.split(","))
             fp8_gemv.ROW_WARPS[(k, pro)] = int(warps)
-            continue
-        if key == "attn":
-            attention._attention = one_token_launch(real_attention, value)
-            continue
-        shape_text, launch = value.split(":")
-        shape = tuple(int(v) for v in shape_text.split("x"))
-        tables[key][shape] = fp8_gemv.Fp8GemvConfig(*(int(v) for v in launch.split(",")))
+        elif key == "attn":
+            attention._attention = one_token_launch(saved[(attention, "_attention")], value)
+        else:
+            shape_text, launch = value.split(":")
+            shape = tuple(int(v) for v in shape_text.split("x"))
+            tables[key][shape] = fp8_gemv.Fp8GemvConfig(*(int(v) for v in launch.split(",")))
     try:
         yield
     finally:
-        for table, saved in ((fp8_gemv.FP8_GEMV_CONFIGS, plain), (fp8_gemv.GLU_CONFIGS, glu),
-                             *((cards[key], saved_cards[key]) for key in cards)):  # fmt: skip
+        for table, kept in zip(dicts, saved_dicts, strict=True):
             table.clear()
-            table.update(saved)
-        fp8_gemv.GLU, fp8_gemv.A16 = glu_on, a16
-        attention._attention, attention.SPLITS_PER_WAVE = real_attention, per_wave
-        attention.LAUNCH_PDL, attention.NEW_IN_REGISTERS = attention_pdl, new_in_regs
-        attention.MERGE_LOADS, attention.PRE_BLOCKS = merge_loads, pre_blocks
-        fp8_gemv.ROW_WARPS.clear()
-        fp8_gemv.ROW_WARPS.update(row_warps)
-        fp8_gemv.GLU_CODES, fp8_gemv.ATTENTION_CODES = glu_codes, attn_codes
+            table.update(kept)
+        for (mod, name), value in saved.items():
+            setattr(mod, name, value)
+
+
+ATTENTION_FLAGS = ("SPLITS_PER_WAVE", "LAUNCH_PDL", "NEW_IN_REGISTERS")
+ATTENTION_COUNTS = ("MERGE_LOADS", "PRE_BLOCKS")
 
 
 def one_token_launch(real, value: str):
