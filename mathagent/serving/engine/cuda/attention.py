@@ -158,8 +158,9 @@ NEW_IN_REGISTERS = True
 MERGE_LOADS = 4
 
 # One-token steps with the rotary inside read this many blocks of their stretch's cached rows
-# before the PDL wait (the first one always); 2-3 with one longer stretch a row at short
-# contexts would trade the merge's round trips for a longer program. Not measured yet: 1.
+# before the PDL wait (the first one always); with the PDL wait a stretch is that many blocks,
+# so 2-3 trade the merge's round trips at short contexts for a longer program. Not measured
+# yet: 1.
 PRE_BLOCKS = 1
 
 # A 13-node verify of the default model (3 query heads a KV head) ran 39 rows padded to 64 in
@@ -179,12 +180,14 @@ def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None,
     gs = launch[3] if launch is not None and len(launch) > 3 else head_groups(t, g)
     assert g % gs == 0, (g, gs)
     qrows = max(16, triton.next_power_of_2(t * g // gs))
+    pdl = q.is_cuda and pdl_supported()
+    wait = pdl and LAUNCH_PDL and t == 1 and bsz == 1 and d == 128 and rope is not None
     part = attention_partition(bsz, gs) if launch is None else launch[0]
+    if launch is None and wait:  # a stretch is the blocks read before the wait
+        part *= PRE_BLOCKS
     # float32 (IEEE dots) at 64+ query rows spills with 4 warps: the default model's 11-node
     # verify took 231 us a launch, 19 us with 8 (GPU_NOTES run 50)
     wide = q.dtype == torch.float32 and qrows >= 64
-    pdl = q.is_cuda and pdl_supported()
-    wait = pdl and LAUNCH_PDL and t == 1 and bsz == 1 and d == 128 and rope is not None
     block_s, warps = (min(part, 64), 8 if wide or wait else 4) if launch is None else launch[1:3]
     programs = bsz * hkv * gs
     most = launch[4] if launch is not None and len(launch) > 4 else None
