@@ -69,7 +69,8 @@ def fp8_gemv_launches() -> list[dict]:
                 continue
             constexprs = {"RESID": not glu and pro == 0, "BLOCK_N": cfg.block_n,
                           "BLOCK_K": cfg.block_k, "EVICT": cfg.evict, "PDL": True, "GLU": glu,
-                          "A16": a16, "PRO": pro if a16 else 0, "CODES": codes}  # fmt: skip
+                          "A16": a16, "PRO": pro if a16 else 0, "CODES": codes,
+                          "PREFETCH": 0}  # fmt: skip
             kinds = {
                 **args,
                 "q_ptr": "bf16" if a16 else "e4m3",
@@ -78,6 +79,30 @@ def fp8_gemv_launches() -> list[dict]:
             built = compile_for_hopper(_fp8_gemv_kernel, kinds, constexprs, cfg.num_warps)
             rows.append({"kernel": "fp8_gemv", "shape": [n, k], "glu": glu, "a16": a16,
                          "codes": codes, "pro": pro if a16 else 0,
+                         "launch": [cfg.block_n, cfg.block_k, cfg.num_warps], **built})  # fmt: skip
+    return rows
+
+
+def prefetch_launches() -> list[dict]:
+    """The FP8 one-row GEMV prefetching whole weight rows into L2 (``L2_PREFETCH``) at the
+    shipped launch shapes whose first two tiles do not already cover a row."""
+    from mathagent.serving.engine.cuda import fp8_gemv
+    from mathagent.serving.engine.cuda.fp8_gemv_kernels import _fp8_gemv_kernel
+
+    args = {"q_ptr": "e4m3", "s_ptr": "f32", "w_ptr": "e4m3", "ws_ptr": "f32", "y_ptr": "bf16",
+            "r_ptr": "bf16", "g_ptr": "bf16", "os_ptr": "f32", "N": "i32", "K": "i32",
+            "stride_wn": "i32", "eps": "float"}  # fmt: skip
+    tables = [fp8_gemv.FP8_GEMV_CONFIGS, *fp8_gemv.CARD_FP8_GEMV_CONFIGS.values()]
+    rows = []
+    for (n, k), cfg in [item for table in tables for item in table.items()]:
+        if 2 * cfg.block_k >= k:
+            continue
+        for prefetch in (0, k):
+            consts = {"RESID": n <= k, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                      "EVICT": cfg.evict, "PDL": True, "GLU": False, "A16": False, "PRO": 0,
+                      "CODES": False, "PREFETCH": prefetch}  # fmt: skip
+            built = compile_for_hopper(_fp8_gemv_kernel, args, consts, cfg.num_warps)
+            rows.append({"kernel": "fp8_gemv_prefetch", "shape": [n, k], "prefetch": prefetch,
                          "launch": [cfg.block_n, cfg.block_k, cfg.num_warps], **built})  # fmt: skip
     return rows
 
@@ -127,4 +152,6 @@ if __name__ == "__main__":
     for row in static_scale_launches():
         print(json.dumps(row), flush=True)
     for row in fp8_gemv_launches():
+        print(json.dumps(row), flush=True)
+    for row in prefetch_launches():
         print(json.dumps(row), flush=True)
