@@ -110,10 +110,8 @@ def variant(spec: str):
     ``cfg=NxK:bn,bk,warps`` (a plain launch shape), ``glu=NxK:bn,bk,warps`` (w13's GLU launch
     shape, rows of each half), ``attn=part,block,warps[,gs[,splits]]`` (the one-token
     attention's launch, as attention_sweep.py's candidates), ``SPLITS_PER_WAVE=0|1``,
-    ``LAUNCH_PDL=0|1``, ``NEW_IN_REGISTERS=0|1``, ``MERGE_LOADS=n``, ``PRE_BLOCKS=n`` (the
-    attention's), ``row=K,pro:warps`` (the row kernel's warps for inputs of width K, prologue
-    pro: 0 plain, 1 norm, 2 SiLU product), ``pf=NxK:bytes`` (the bytes of each row of that
-    weight prefetched into L2 before the PDL wait, ``fp8_gemv.L2_PREFETCH``)."""
+    ``LAUNCH_PDL=0|1``, ``NEW_IN_REGISTERS=0|1``, ``MERGE_LOADS=n`` (the attention's), ``row=K,pro:warps`` (the row kernel's warps for inputs of width K, prologue
+    pro: 0 plain, 1 norm, 2 SiLU product)."""
     # every module setting a variant may change, restored after it
     settings = {fp8_gemv: ("GLU", "A16", "GLU_CODES", "ATTENTION_CODES"),
                 attention: ("_attention", *ATTENTION_FLAGS, *ATTENTION_COUNTS)}  # fmt: skip
@@ -121,7 +119,7 @@ def variant(spec: str):
     tables = {"cfg": fp8_gemv.FP8_GEMV_CONFIGS, "glu": fp8_gemv.GLU_CONFIGS}
     # relative to this card's shapes: its own table moved into the plain ones for the variant
     cards = {"cfg": fp8_gemv.CARD_FP8_GEMV_CONFIGS, "glu": fp8_gemv.CARD_GLU_CONFIGS}
-    dicts = [*tables.values(), *cards.values(), fp8_gemv.ROW_WARPS, fp8_gemv.L2_PREFETCH]
+    dicts = [*tables.values(), *cards.values(), fp8_gemv.ROW_WARPS]
     saved_dicts = [dict(table) for table in dicts]
     card = fp8_gemv.card_key()
     for key, table in cards.items():
@@ -138,10 +136,6 @@ def variant(spec: str):
             shape_text, warps = value.split(":")
             k, pro = (int(v) for v in shape_text.split(","))
             fp8_gemv.ROW_WARPS[(k, pro)] = int(warps)
-        elif key == "pf":
-            shape_text, nbytes = value.split(":")
-            shape = tuple(int(v) for v in shape_text.split("x"))
-            fp8_gemv.L2_PREFETCH[shape] = int(nbytes)
         elif key == "attn":
             attention._attention = one_token_launch(saved[(attention, "_attention")], value)
         else:
@@ -159,7 +153,7 @@ def variant(spec: str):
 
 
 ATTENTION_FLAGS = ("SPLITS_PER_WAVE", "LAUNCH_PDL", "NEW_IN_REGISTERS")
-ATTENTION_COUNTS = ("MERGE_LOADS", "PRE_BLOCKS")
+ATTENTION_COUNTS = ("MERGE_LOADS",)
 
 
 def one_token_launch(real, value: str):

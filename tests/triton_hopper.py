@@ -69,8 +69,7 @@ def fp8_gemv_launches() -> list[dict]:
                 continue
             constexprs = {"RESID": not glu and pro == 0, "BLOCK_N": cfg.block_n,
                           "BLOCK_K": cfg.block_k, "EVICT": cfg.evict, "PDL": True, "GLU": glu,
-                          "A16": a16, "PRO": pro if a16 else 0, "CODES": codes,
-                          "PREFETCH": 0}  # fmt: skip
+                          "A16": a16, "PRO": pro if a16 else 0, "CODES": codes}  # fmt: skip
             kinds = {
                 **args,
                 "q_ptr": "bf16" if a16 else "e4m3",
@@ -79,30 +78,6 @@ def fp8_gemv_launches() -> list[dict]:
             built = compile_for_hopper(_fp8_gemv_kernel, kinds, constexprs, cfg.num_warps)
             rows.append({"kernel": "fp8_gemv", "shape": [n, k], "glu": glu, "a16": a16,
                          "codes": codes, "pro": pro if a16 else 0,
-                         "launch": [cfg.block_n, cfg.block_k, cfg.num_warps], **built})  # fmt: skip
-    return rows
-
-
-def prefetch_launches() -> list[dict]:
-    """The FP8 one-row GEMV prefetching whole weight rows into L2 (``L2_PREFETCH``) at the
-    shipped launch shapes whose first two tiles do not already cover a row."""
-    from mathagent.serving.engine.cuda import fp8_gemv
-    from mathagent.serving.engine.cuda.fp8_gemv_kernels import _fp8_gemv_kernel
-
-    args = {"q_ptr": "e4m3", "s_ptr": "f32", "w_ptr": "e4m3", "ws_ptr": "f32", "y_ptr": "bf16",
-            "r_ptr": "bf16", "g_ptr": "bf16", "os_ptr": "f32", "N": "i32", "K": "i32",
-            "stride_wn": "i32", "eps": "float"}  # fmt: skip
-    tables = [fp8_gemv.FP8_GEMV_CONFIGS, *fp8_gemv.CARD_FP8_GEMV_CONFIGS.values()]
-    rows = []
-    for (n, k), cfg in [item for table in tables for item in table.items()]:
-        if 2 * cfg.block_k >= k:
-            continue
-        for prefetch in (0, k):
-            consts = {"RESID": n <= k, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                      "EVICT": cfg.evict, "PDL": True, "GLU": False, "A16": False, "PRO": 0,
-                      "CODES": False, "PREFETCH": prefetch}  # fmt: skip
-            built = compile_for_hopper(_fp8_gemv_kernel, args, consts, cfg.num_warps)
-            rows.append({"kernel": "fp8_gemv_prefetch", "shape": [n, k], "prefetch": prefetch,
                          "launch": [cfg.block_n, cfg.block_k, cfg.num_warps], **built})  # fmt: skip
     return rows
 
@@ -133,17 +108,17 @@ def static_scale_launches() -> list[dict]:
             "cos_ptr": "bf16", "sin_ptr": "bf16", "os_ptr": "f32", "qk_scale": "float"}  # fmt: skip
     strides = ("stride_qb", "stride_qt", "stride_qh", "stride_ks", "stride_kh", "stride_kp",
                "stride_ob", "stride_ot", "stride_oh")  # fmt: skip
-    # (codes, wait, blocks read before the wait): the last as a one-token step launches it
-    for codes, wait, pre in ((False, False, 1), (True, False, 1), (True, True, 1), (True, True, 3)):
+    # (codes, wait): the last as a one-token step launches it (8 warps)
+    for codes, wait in ((False, False), (True, False), (True, True)):
         args = {**ptrs, **dict.fromkeys(strides, "i32"), "out_ptr": "e4m3" if codes else "bf16"}
         consts = {"HKV": 8, "T": 1, "G": 4, "D": 128, "QROWS": 16, "PART": 64, "BLOCK_S": 64,
                   "NSPLIT": 16, "MAX_SEQ": 1024, "IEEE": False, "PDL": True, "ROPE": True,
                   "TP": 1, "GS": 1, "CODES": codes, "WAIT": wait, "NEW_IN_REGS": True,
-                  "RROWS": 4, "MERGE_LOADS": 4, "PRE": pre}  # fmt: skip
+                  "RROWS": 4, "MERGE_LOADS": 4}  # fmt: skip
         # the 8B shape's tensors and strides are multiples of 16, as the engine launches it
         aligned = tuple(name for name in args if name != "qk_scale")
-        warps = 8 if pre > 1 else 4
-        rows.append({"kernel": "attention", "codes": codes, "wait": wait, "pre": pre,
+        warps = 8 if wait else 4
+        rows.append({"kernel": "attention", "codes": codes, "wait": wait,
                      **compile_for_hopper(_attn_kernel, args, consts, warps, aligned)})  # fmt: skip
     return rows
 
@@ -152,6 +127,4 @@ if __name__ == "__main__":
     for row in static_scale_launches():
         print(json.dumps(row), flush=True)
     for row in fp8_gemv_launches():
-        print(json.dumps(row), flush=True)
-    for row in prefetch_launches():
         print(json.dumps(row), flush=True)

@@ -56,14 +56,9 @@ def test_a_variant_sets_its_knobs_for_the_block_and_restores_them():
 
     rows, shapes = dict(fp8_gemv.ROW_WARPS), dict(fp8_gemv.FP8_GEMV_CONFIGS)
     loads = attention.MERGE_LOADS
-    pre = attention.PRE_BLOCKS
-    prefetch = dict(fp8_gemv.L2_PREFETCH)
-    spec = "row=4096,1:16;cfg=4096x4096:8,512,4;MERGE_LOADS=2;PRE_BLOCKS=3;pf=4096x14336:4096"
-    with fp8_step_probe.variant(spec):
+    with fp8_step_probe.variant("row=4096,1:16;cfg=4096x4096:8,512,4;MERGE_LOADS=2"):
         assert fp8_gemv.row_warps(4096, 1) == 16 and fp8_gemv.row_warps(4096, 0) == 8
-        assert fp8_gemv.L2_PREFETCH[(4096, 14336)] == 4096
         assert fp8_gemv.FP8_GEMV_CONFIGS[(4096, 4096)] == fp8_gemv.Fp8GemvConfig(8, 512, 4)
-        assert attention.MERGE_LOADS == 2 and attention.PRE_BLOCKS == 3
+        assert attention.MERGE_LOADS == 2
     assert rows == fp8_gemv.ROW_WARPS and shapes == fp8_gemv.FP8_GEMV_CONFIGS
-    assert loads == attention.MERGE_LOADS and pre == attention.PRE_BLOCKS
-    assert prefetch == fp8_gemv.L2_PREFETCH
+    assert loads == attention.MERGE_LOADS

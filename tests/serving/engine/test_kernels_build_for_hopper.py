@@ -1,5 +1,5 @@
-"""The FP8 one-row GEMV builds for Hopper at every shipped launch shape, W8A8, A16, the GLU
-form writing codes and prefetching weight rows into L2, with
+"""The FP8 one-row GEMV builds for Hopper at every shipped launch shape, W8A8, A16 and the GLU
+form writing codes, with
 no more spilled registers than the measured W8A8 build: compiled ahead of time here, with
 Triton's own ptxas (:mod:`tests.triton_hopper`), before the device machine sees it."""
 
@@ -24,8 +24,8 @@ def test_fp8_gemv_builds_for_sm90_without_new_spills():
     assert run.returncode == 0, run.stderr[-3000:]
     every = [json.loads(line) for line in run.stdout.splitlines()]
     # the static-scale kernels (row kernels, attention writing codes) build both ways
-    others = [r for r in every if r["kernel"] not in ("fp8_gemv", "fp8_gemv_prefetch")]
-    assert len(others) == 8 and all(r["registers"] <= 255 for r in others), others
+    others = [r for r in every if r["kernel"] != "fp8_gemv"]
+    assert len(others) == 7 and all(r["registers"] <= 255 for r in others), others
     assert all(r["spill_bytes"] == 0 for r in others if r["kernel"] == "attention"), others
     rows = [r for r in every if r["kernel"] == "fp8_gemv"]
     # W8A8 and A16 at each launch shape (the FP8 head's and other cards' too), GLU codes
@@ -38,11 +38,4 @@ def test_fp8_gemv_builds_for_sm90_without_new_spills():
     }
     for row in rows:
         base = w8a8[(tuple(row["shape"]), row["glu"], tuple(row["launch"]))]
-        assert row["registers"] <= 255 and row["spill_bytes"] <= base["spill_bytes"], row
-    # L2_PREFETCH's bulk prefetch assembles and spills nothing the same launch did not
-    prefetch = [r for r in every if r["kernel"] == "fp8_gemv_prefetch"]
-    assert {r["prefetch"] for r in prefetch} == {0, 4096, 14336}, prefetch
-    plain = {(tuple(r["shape"]), tuple(r["launch"])): r for r in prefetch if not r["prefetch"]}
-    for row in prefetch:
-        base = plain[(tuple(row["shape"]), tuple(row["launch"]))]
         assert row["registers"] <= 255 and row["spill_bytes"] <= base["spill_bytes"], row

@@ -191,35 +191,6 @@ def test_one_token_attention_takes_the_new_kv_from_registers_bit_for_bit(dev, dt
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
 
 
-@pytest.mark.parametrize("launch", [(64, 16, 4), (48, 16, 4), (32, 16, 4)])
-def test_one_token_attention_reading_blocks_early_is_bit_for_bit(dev, launch, monkeypatch):
-    """A one-token step reads its stretch's second and third blocks of cached rows early
-    (PRE_BLOCKS 2 or 3; their new row from registers): the same output and cache as reading
-    them in the loop, bit for bit, with the new token in each block of a stretch, in a later
-    stretch, and at the cache's first position; stretches of 4, 3 and 2 blocks."""
-    d, h, hkv = 64, 4, 2
-    starts = [100, 37, 0, 20, 150]
-    rows = len(starts)
-    qkv = torch.randn(rows, 1, (h + 2 * hkv) * d, device=dev)
-    cache = [torch.randn(rows, hkv, 192, d, device=dev) for _ in range(2)]
-    slots = torch.tensor([4, 0, 1, 3, 2], device=dev)
-    start = torch.tensor(starts, device=dev)
-    freqs = torch.outer(torch.arange(256.0), 1e-4 ** (torch.arange(0, d, 2) / d)).to(dev)
-    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
-    tree = torch.ones(rows, 1, 1, dtype=torch.int8, device=dev)
-    runs = []
-    for pre in (1, 2, 3):
-        monkeypatch.setattr(cuda_attention, "PRE_BLOCKS", pre)
-        copy = [c.clone() for c in cache]
-        out = cuda_attention._attention(qkv.view(rows, 1, -1, d), *copy, slots, start, tree, h,
-                                        (start[:, None].contiguous(), cos, sin), launch)  # fmt: skip
-        runs.append((out, copy))
-    (want, ref), *others = runs
-    for out, got in others:
-        assert torch.equal(out, want)
-        assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
-
-
 @pytest.mark.parametrize("t", [1, 3])
 def test_merging_stretches_parts_requested_together_is_bit_for_bit_the_loop(dev, t, monkeypatch):
     """The last stretch requests 4 (or 3) stretches' parts at once (MERGE_LOADS) or one at a

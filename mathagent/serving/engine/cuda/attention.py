@@ -154,14 +154,10 @@ LAUNCH_PDL = True
 NEW_IN_REGISTERS = True
 
 # The last stretch to finish requests this many stretches' parts at once to merge them (3 a
-# row at 160 cached positions, 64 a stretch; the 8B graph 2.844 -> 2.834 ms, run 143).
+# row at 160 cached positions, 64 a stretch; the 8B graph 2.844 -> 2.834 ms, run 143). One
+# longer stretch a row instead (no merge; its 2-3 blocks all read before the PDL wait) lost:
+# 2.842 -> 2.919 ms at 160 (GPU_NOTES.md run 154-155).
 MERGE_LOADS = 4
-
-# One-token steps with the rotary inside read this many blocks of their stretch's cached rows
-# before the PDL wait (the first one always); with the PDL wait a stretch is that many blocks,
-# so 2-3 trade the merge's round trips at short contexts for a longer program. Not measured
-# yet: 1.
-PRE_BLOCKS = 1
 
 # A 13-node verify of the default model (3 query heads a KV head) ran 39 rows padded to 64 in
 # each program at 9.3 us a layer, where a one-token decode step's 3 rows took 6.1 us (H200,
@@ -183,8 +179,6 @@ def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None,
     pdl = q.is_cuda and pdl_supported()
     wait = pdl and LAUNCH_PDL and t == 1 and bsz == 1 and d == 128 and rope is not None
     part = attention_partition(bsz, gs) if launch is None else launch[0]
-    if launch is None and wait:  # a stretch is the blocks read before the wait
-        part *= PRE_BLOCKS
     # float32 (IEEE dots) at 64+ query rows spills with 4 warps: the default model's 11-node
     # verify took 231 us a launch, 19 us with 8 (GPU_NOTES run 50)
     wide = q.dtype == torch.float32 and qrows >= 64
@@ -210,6 +204,5 @@ def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None,
         TP=triton.next_power_of_2(t), GS=gs, CODES=out_scale is not None,
         WAIT=wait, NEW_IN_REGS=NEW_IN_REGISTERS, RROWS=triton.next_power_of_2(t * g // gs),
         MERGE_LOADS=MERGE_LOADS, num_warps=warps, launch_pdl=wait,
-        PRE=PRE_BLOCKS if t == 1 and rope is not None and NEW_IN_REGISTERS else 1,
     )  # fmt: skip
     return out

@@ -25,7 +25,6 @@ if triton is not None:
         MAX_SEQ: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr, ROPE: tl.constexpr,
         TP: tl.constexpr, GS: tl.constexpr, CODES: tl.constexpr = False, WAIT: tl.constexpr = False,
         NEW_IN_REGS: tl.constexpr = False, RROWS: tl.constexpr = 16, MERGE_LOADS: tl.constexpr = 1,
-        PRE: tl.constexpr = 1,
     ):  # fmt: skip
         """One program per (row, KV head, group of its query heads, split): online-softmax
         attention over a slot's cache. GS: the KV head's G query heads in GS programs of G / GS
@@ -44,9 +43,7 @@ if triton is not None:
         # waiting for it (the tree read after the k / v store's barrier had cost a round trip:
         # 6.7 -> 4.7 us a layer, benchmarks/GPU_NOTES.md run 144).
         # NEW_IN_REGS (one token, rotary inside): the first block takes the new k / v from
-        # registers, not read back after their store (a memory round trip fewer). PRE (2 or 3,
-        # one token): the stretch's second and third blocks' cached rows are read before the
-        # wait too, and take the new k / v from registers as the first does.
+        # registers, not read back after their store (a memory round trip fewer).
         if PDL:  # let the next product (launched with PDL) start streaming its weights
             tl.extra.cuda.gdc_launch_dependents()
         pid, split = tl.program_id(0), tl.program_id(1)
@@ -72,14 +69,6 @@ if triton is not None:
         # (with its tree entries, a step input too).
         k0, v0, seen0 = _cached_block(k_ptr, v_ptr, tree_ptr, kv_base, lo, start, kv_end, d,
                                       b, t, row_ok, stride_kp, BLOCK_S, T)  # fmt: skip
-        if PRE >= 2:
-            k1, v1, seen1 = _cached_block(k_ptr, v_ptr, tree_ptr, kv_base, lo + BLOCK_S,
-                                          start, kv_end, d, b, t, row_ok, stride_kp, BLOCK_S,
-                                          T)  # fmt: skip
-        if PRE >= 3:
-            k2, v2, seen2 = _cached_block(k_ptr, v_ptr, tree_ptr, kv_base, lo + 2 * BLOCK_S,
-                                          start, kv_end, d, b, t, row_ok, stride_kp, BLOCK_S,
-                                          T)  # fmt: skip
         if ROPE:
             tn = tl.arange(0, TP)
             pos = tl.load(pos_ptr + b * T + t, mask=row_ok, other=0)
@@ -111,7 +100,7 @@ if triton is not None:
             # the blocks below read them, from other threads of this program (with the first
             # block's new rows from registers, only a stretch's later blocks do)
             if NEW_IN_REGS and T == 1:
-                if hi - lo > PRE * BLOCK_S:
+                if hi - lo > BLOCK_S:
                     tl.debug_barrier()
             else:
                 tl.debug_barrier()
@@ -132,18 +121,7 @@ if triton is not None:
             v0 = tl.where(cached, v0, tl.load(v_ptr + kv0, mask=fresh, other=0.0))
             m_i, l_i, acc = _attend_block(q, k0, v0, p0, start, seen0, qk_scale, m_i, l_i, acc,
                                           T, IEEE)  # fmt: skip
-        # constexpr first (k1 exists only then), the runtime bound inside: not one ``and``
-        if PRE >= 2:  # noqa: SIM102
-            if lo + BLOCK_S < hi:
-                m_i, l_i, acc = _attend_cached(q, k1, v1, seen1, k_new, v_new, lo + BLOCK_S,
-                                               start, kv_end, qk_scale, m_i, l_i, acc, T, IEEE,
-                                               k_ptr, v_ptr, BLOCK_S)  # fmt: skip
-        if PRE >= 3:  # noqa: SIM102
-            if lo + 2 * BLOCK_S < hi:
-                m_i, l_i, acc = _attend_cached(q, k2, v2, seen2, k_new, v_new, lo + 2 * BLOCK_S,
-                                               start, kv_end, qk_scale, m_i, l_i, acc, T, IEEE,
-                                               k_ptr, v_ptr, BLOCK_S)  # fmt: skip
-        for s0 in range(lo + PRE * BLOCK_S, hi, BLOCK_S):
+        for s0 in range(lo + BLOCK_S, hi, BLOCK_S):
             p = s0 + tl.arange(0, BLOCK_S)
             kv_off = kv_base + p[:, None] * stride_kp + d[None, :]
             k = tl.load(k_ptr + kv_off, mask=p[:, None] < kv_end, other=0.0)  # [BS, D]
@@ -180,7 +158,8 @@ if triton is not None:
     def _cached_block(k_ptr, v_ptr, tree_ptr, kv_base, s0, start, kv_end, d, b, t, row_ok,
                       stride_kp, BLOCK_S: tl.constexpr, T: tl.constexpr):  # fmt: skip
         # The cached rows (before ``start``) of the block at s0 (a stretch holds whole blocks:
-        # one past its end is read but not attended), and its tree entries: what the first block (and PRE's next ones) read before the wait
+        # one past its end is read but not attended) and its tree entries: what the first
+        # block reads before the wait
         p = s0 + tl.arange(0, BLOCK_S)
         off = kv_base + p[:, None] * stride_kp + d[None, :]
         cached = (p < tl.minimum(start, kv_end))[:, None]

@@ -80,9 +80,6 @@ CARD_FP8_GEMV_CONFIGS: dict[str, dict[tuple[int, int], Fp8GemvConfig]] = {
 CARD_GLU_CONFIGS: dict[str, dict[tuple[int, int], Fp8GemvConfig]] = {
     "H100 80GB HBM3": {(28672, 4096): Fp8GemvConfig(2, 2048, 4)},
 }
-# Bytes of each weight row a one-row GEMV prefetches into L2 before its PDL wait, per weight
-# shape (the kernels before it leave HBM idle; K: the whole row). Not measured yet: none.
-L2_PREFETCH: dict[tuple[int, int], int] = {}
 # Warps of the row kernel per (K, prologue: 0 plain, 1 norm, 2 SiLU product); else row_warps.
 ROW_WARPS: dict[tuple[int, int], int] = {}
 # One-row w13 writes silu(gate) * up itself (products.glu_form), so w2's input is plain: the
@@ -137,11 +134,6 @@ def fp8_gemv_config(n: int, k: int, glu: bool = False) -> Fp8GemvConfig:
 def row_warps(k: int, pro: int) -> int:
     """Warps of the row kernel (a sweep may measure them per shape into ``ROW_WARPS``)."""
     return ROW_WARPS.get((k, pro), 16 if k > 8192 else 8)
-
-
-def prefetch_bytes(weight: torch.Tensor, n_out: int, cfg: Fp8GemvConfig) -> int:
-    """The kernel's ``PREFETCH`` for this weight (:data:`L2_PREFETCH`; whole programs only)."""
-    return L2_PREFETCH.get(tuple(weight.shape), 0) if n_out % cfg.block_n == 0 else 0
 
 
 def gemv_fits(weight: torch.Tensor) -> bool:
@@ -270,8 +262,8 @@ def gemv(
         weight.stride(0), eps, RESID=residual is not None, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, EVICT=cfg.evict, PDL=cfg.pdl, GLU=glu,
         A16=A16 and input_scale is None and not codes_in, PRO=kernel_pro,
-        CODES=out_scale is not None, PREFETCH=prefetch_bytes(weight, n_out, cfg),
-        num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
+        CODES=out_scale is not None, num_warps=cfg.num_warps,
+        launch_pdl=cfg.pdl,
     )  # fmt: skip
     return y.view(*x.shape[:-1], n_out)
 

@@ -56,18 +56,6 @@ if triton is not None:
             tl.store(n_ptr + row * K + rk, v.to(dt), mask=ok)
 
     @triton.jit
-    def _prefetch_rows(w_ptr, row0, stride_wn, start, nbytes, ROWS: tl.constexpr):
-        # Bytes start .. start+nbytes of ROWS weight rows into L2 (Hopper's bulk prefetch, one
-        # instruction a row, by the program's first thread): issued before the PDL wait, the
-        # stream after it reads them from L2 while the kernels before it leave HBM idle.
-        for i in tl.static_range(ROWS):
-            ptr = w_ptr + (row0 + i) * stride_wn + start
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0;"
-                " @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-                "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)  # fmt: skip
-
-    @triton.jit
     def _scaled(acc, sx, ws, dt: tl.constexpr):
         # sum * (x scale * w scale), rounded to the model dtype like the bf16 GEMV's epilogue
         return (acc * (sx * ws)).to(dt)
@@ -91,7 +79,7 @@ if triton is not None:
                          stride_wn, eps, RESID: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
                          GLU: tl.constexpr, A16: tl.constexpr = False, PRO: tl.constexpr = 0,
-                         CODES: tl.constexpr = False, PREFETCH: tl.constexpr = 0):  # fmt: skip
+                         CODES: tl.constexpr = False):  # fmt: skip
         """One program streams BLOCK_N rows (GLU: of gate and of up) against the codes.
 
         One long function because a Triton kernel is one function. Two weight tiles are
@@ -102,8 +90,9 @@ if triton is not None:
         scale of f(x); A16: q_ptr is the plain bf16 row (no codes, no row kernel: W8A16) and PRO
         its f. GLU: w is [2N, K] (gate rows, then up rows); y = silu(gate) * up, rounded as the
         eager model does. CODES: y is stored as the next product's e4m3 codes with its static
-        input scale (os_ptr), the row kernel's rule on the rounded y. PREFETCH: each row's
-        bytes from the third tile up to PREFETCH go to L2 before the wait (N % BLOCK_N == 0).
+        input scale (os_ptr), the row kernel's rule on the rounded y. No bulk L2 prefetch of the
+        rest of the rows before the wait: it lost at every product on the H200 (run 114) and the
+        H100 (runs 154-156: whole rows +0.2 to +2.7% a step; 2 KB of wo's, within the spread).
         """
         pid = tl.program_id(0)
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -123,12 +112,6 @@ if triton is not None:
             ws_up = tl.load(ws_ptr + N + rn, mask=rn < N, other=0.0)
         if CODES:
             inv = tl.math.div_rn(tl.full([], 1.0, tl.float32), tl.load(os_ptr))
-        if PREFETCH > 2 * BLOCK_K:
-            _prefetch_rows(w_ptr, pid * BLOCK_N, stride_wn, 2 * BLOCK_K, PREFETCH - 2 * BLOCK_K,
-                           BLOCK_N)  # fmt: skip
-            if GLU:
-                _prefetch_rows(w_ptr, N + pid * BLOCK_N, stride_wn, 2 * BLOCK_K,
-                               PREFETCH - 2 * BLOCK_K, BLOCK_N)  # fmt: skip
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()

@@ -50,8 +50,7 @@ def head(
     _fp8_gemv_kernel[(triton.cdiv(n, cfg.block_n),)](
         q, s, weight, weight_scale, logits, hidden, hidden, s, n, k, weight.stride(0), eps,
         RESID=False, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVICT=cfg.evict, PDL=cfg.pdl,
-        GLU=False, PREFETCH=fp8_gemv.prefetch_bytes(weight, n, cfg), num_warps=cfg.num_warps,
-        launch_pdl=cfg.pdl,
+        GLU=False, num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
     )  # fmt: skip
     return logits.view(*h.shape[:-1], n), hidden.view(h.shape)
 

@@ -92,21 +92,6 @@ def test_gemv_computes_the_fp8_model(mode):
         assert rel(fp8_gemv.gemv(x, codes, scale, config=cfg, **kw), ref) < 4e-3, cfg
 
 
-@pytest.mark.parametrize("glu", [False, True])
-def test_prefetching_weights_into_l2_leaves_the_gemv_bit_for_bit(glu, monkeypatch):
-    """L2_PREFETCH (Hopper's bulk prefetch before the PDL wait) is a hint: the same output bit
-    for bit, whole rows or their first part, at launch shapes that load 2 of 8 tiles first."""
-    n, k = 3072, 4096
-    codes, scale = fp8_format.quantize_rows(torch.randn(n, k, device="cuda"))
-    x, g = torch.randn(1, k, device="cuda", dtype=BF16), torch.randn(k, device="cuda", dtype=BF16)
-    cfg = [4, 256, 4]
-    want = fp8_gemv.gemv(x, codes, scale.squeeze(-1), norm=g, eps=1e-5, config=cfg, glu=glu)
-    for nbytes in (k, 2048):
-        monkeypatch.setitem(fp8_gemv.L2_PREFETCH, (n, k), nbytes)
-        got = fp8_gemv.gemv(x, codes, scale.squeeze(-1), norm=g, eps=1e-5, config=cfg, glu=glu)
-        assert torch.equal(got, want), nbytes
-
-
 def test_tensor_core_rows_compute_the_fp8_model():
     codes, scale = fp8_format.quantize_rows(torch.randn(6144, 4096, device="cuda"))
     for m in (2, 5, 16, 64, 300):
