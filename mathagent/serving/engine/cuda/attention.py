@@ -176,12 +176,12 @@ def _attention(q, k_cache, v_cache, slots, start, tree, h, rope, launch=None,
     gs = launch[3] if launch is not None and len(launch) > 3 else head_groups(t, g)
     assert g % gs == 0, (g, gs)
     qrows = max(16, triton.next_power_of_2(t * g // gs))
-    pdl = q.is_cuda and pdl_supported()
-    wait = pdl and LAUNCH_PDL and t == 1 and bsz == 1 and d == 128 and rope is not None
     part = attention_partition(bsz, gs) if launch is None else launch[0]
     # float32 (IEEE dots) at 64+ query rows spills with 4 warps: the default model's 11-node
     # verify took 231 us a launch, 19 us with 8 (GPU_NOTES run 50)
     wide = q.dtype == torch.float32 and qrows >= 64
+    pdl = q.is_cuda and pdl_supported()
+    wait = pdl and LAUNCH_PDL and t == 1 and bsz == 1 and d == 128 and rope is not None
     block_s, warps = (min(part, 64), 8 if wide or wait else 4) if launch is None else launch[1:3]
     programs = bsz * hkv * gs
     most = launch[4] if launch is not None and len(launch) > 4 else None
