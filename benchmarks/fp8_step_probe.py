@@ -110,8 +110,9 @@ def variant(spec: str):
     ``cfg=NxK:bn,bk,warps`` (a plain launch shape), ``glu=NxK:bn,bk,warps`` (w13's GLU launch
     shape, rows of each half), ``attn=part,block,warps[,gs[,splits]]`` (the one-token
     attention's launch, as attention_sweep.py's candidates), ``SPLITS_PER_WAVE=0|1``,
-    ``LAUNCH_PDL=0|1``, ``NEW_IN_REGISTERS=0|1``, ``MERGE_LOADS=n`` (the attention's), ``row=K,pro:warps`` (the row kernel's warps for inputs of width K, prologue
-    pro: 0 plain, 1 norm, 2 SiLU product)."""
+    ``LAUNCH_PDL=0|1``, ``NEW_IN_REGISTERS=0|1``, ``MERGE_LOADS=n`` (the attention's),
+    ``row=K,pro:warps`` (the row kernel's warps for inputs of width K, prologue pro: 0 plain,
+    1 norm, 2 SiLU product)."""
     # every module setting a variant may change, restored after it
     settings = {fp8_gemv: ("GLU", "A16", "GLU_CODES", "ATTENTION_CODES"),
                 attention: ("_attention", *ATTENTION_FLAGS, *ATTENTION_COUNTS)}  # fmt: skip

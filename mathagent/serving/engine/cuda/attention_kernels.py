@@ -65,10 +65,13 @@ if triton is not None:
         kv_base = slot * stride_ks + kvh * stride_kh
         hi = tl.minimum(lo + part, total)
         kv_end = tl.minimum(total, MAX_SEQ)  # padded new tokens may run past the cache
-        # The first block's rows before ``start`` were cached by earlier steps: read them now
-        # (with its tree entries, a step input too).
-        k0, v0, seen0 = _cached_block(k_ptr, v_ptr, tree_ptr, kv_base, lo, start, kv_end, d,
-                                      b, t, row_ok, stride_kp, BLOCK_S, T)  # fmt: skip
+        # The first block's rows before ``start`` were cached by earlier steps: read them now.
+        p0 = lo + tl.arange(0, BLOCK_S)
+        kv0 = kv_base + p0[:, None] * stride_kp + d[None, :]
+        cached = (p0 < tl.minimum(start, kv_end))[:, None]
+        k0 = tl.load(k_ptr + kv0, mask=cached, other=0.0)  # [BS, D]
+        v0 = tl.load(v_ptr + kv0, mask=cached, other=0.0)
+        seen0 = _tree_seen(tree_ptr, p0, start, b, t, row_ok, T)  # a step input too
         if ROPE:
             tn = tl.arange(0, TP)
             pos = tl.load(pos_ptr + b * T + t, mask=row_ok, other=0)
@@ -105,22 +108,18 @@ if triton is not None:
             else:
                 tl.debug_barrier()
         # the first block's rows from ``start`` on (this step's) now, beside the cached ones
+        fresh = ((p0 >= start) & (p0 < kv_end))[:, None]
+        if ROPE and NEW_IN_REGS and T == 1:  # the stored values themselves: same rounding
+            k0 = tl.where(fresh, tl.broadcast_to(k_new.to(k_ptr.dtype.element_ty), k0.shape), k0)
+            v0 = tl.where(fresh, tl.broadcast_to(v_new.to(v_ptr.dtype.element_ty), v0.shape), v0)
+        else:
+            k0 = tl.where(cached, k0, tl.load(k_ptr + kv0, mask=fresh, other=0.0))
+            v0 = tl.where(cached, v0, tl.load(v_ptr + kv0, mask=fresh, other=0.0))
         m_i = tl.full((QROWS,), float("-inf"), tl.float32)
         l_i = tl.zeros((QROWS,), tl.float32)
         acc = tl.zeros((QROWS, D), tl.float32)
-        if ROPE and NEW_IN_REGS and T == 1:  # the stored values themselves: same rounding
-            m_i, l_i, acc = _attend_cached(q, k0, v0, seen0, k_new, v_new, lo, start, kv_end,
-                                           qk_scale, m_i, l_i, acc, T, IEEE, k_ptr, v_ptr,
-                                           BLOCK_S)  # fmt: skip
-        else:
-            p0 = lo + tl.arange(0, BLOCK_S)
-            kv0 = kv_base + p0[:, None] * stride_kp + d[None, :]
-            cached = (p0 < tl.minimum(start, kv_end))[:, None]
-            fresh = ((p0 >= start) & (p0 < kv_end))[:, None]
-            k0 = tl.where(cached, k0, tl.load(k_ptr + kv0, mask=fresh, other=0.0))
-            v0 = tl.where(cached, v0, tl.load(v_ptr + kv0, mask=fresh, other=0.0))
-            m_i, l_i, acc = _attend_block(q, k0, v0, p0, start, seen0, qk_scale, m_i, l_i, acc,
-                                          T, IEEE)  # fmt: skip
+        m_i, l_i, acc = _attend_block(q, k0, v0, p0, start, seen0, qk_scale, m_i, l_i, acc,
+                                      T, IEEE)  # fmt: skip
         for s0 in range(lo + BLOCK_S, hi, BLOCK_S):
             p = s0 + tl.arange(0, BLOCK_S)
             kv_off = kv_base + p[:, None] * stride_kp + d[None, :]
@@ -153,31 +152,6 @@ if triton is not None:
                 tl.store(out_ptr + o_rows + d[None, :], _stored(out, q_ptr, inv, CODES),
                          mask=(rr < T * GP)[:, None])  # fmt: skip
                 tl.store(cnt_ptr + pid, 0)  # ready for the next launch
-
-    @triton.jit
-    def _cached_block(k_ptr, v_ptr, tree_ptr, kv_base, s0, start, kv_end, d, b, t, row_ok,
-                      stride_kp, BLOCK_S: tl.constexpr, T: tl.constexpr):  # fmt: skip
-        # The cached rows (before ``start``) of the block at s0 (a stretch holds whole blocks:
-        # one past its end is read but not attended) and its tree entries: what the first
-        # block reads before the wait
-        p = s0 + tl.arange(0, BLOCK_S)
-        off = kv_base + p[:, None] * stride_kp + d[None, :]
-        cached = (p < tl.minimum(start, kv_end))[:, None]
-        k = tl.load(k_ptr + off, mask=cached, other=0.0)
-        v = tl.load(v_ptr + off, mask=cached, other=0.0)
-        return k, v, _tree_seen(tree_ptr, p, start, b, t, row_ok, T)
-
-    @triton.jit
-    def _attend_cached(q, k, v, seen, k_new, v_new, s0, start, kv_end, qk_scale, m_i, l_i, acc,
-                       T: tl.constexpr, IEEE: tl.constexpr, k_ptr, v_ptr,
-                       BLOCK_S: tl.constexpr):  # fmt: skip
-        # A block read early into the online softmax, its one new row (one token) from
-        # registers: the same values the loop would read back
-        p = s0 + tl.arange(0, BLOCK_S)
-        fresh = ((p >= start) & (p < kv_end))[:, None]
-        k = tl.where(fresh, tl.broadcast_to(k_new.to(k_ptr.dtype.element_ty), k.shape), k)
-        v = tl.where(fresh, tl.broadcast_to(v_new.to(v_ptr.dtype.element_ty), v.shape), v)
-        return _attend_block(q, k, v, p, start, seen, qk_scale, m_i, l_i, acc, T, IEEE)
 
     @triton.jit
     def _tree_seen(tree_ptr, p, start, b, t, row_ok, T: tl.constexpr):
