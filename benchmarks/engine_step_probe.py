@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 from fp8_bench import decode_tok_s, prompts, replay_ms
 from fp8_step_probe import engine
+from gpu_common import trace_events
 
 from mathagent.serving.engine.cuda import lookahead
 from mathagent.serving.engine.sampling_params import SamplingParams
@@ -115,11 +116,7 @@ def traced_steps(eng, steps: int = 100) -> list[dict]:
         torch.cuda.synchronize()
     while eng.has_unfinished():
         eng.step()
-    trace = Path(f"/tmp/engine_step_probe_{time.time_ns()}.json")
-    prof.export_chrome_trace(str(trace))
-    events = json.loads(trace.read_text())["traceEvents"]
-    trace.unlink()
-    ops = [e for e in events if e.get("cat") in GPU_KINDS and "dur" in e]
+    ops = [e for e in trace_events(prof) if e.get("cat") in GPU_KINDS and "dur" in e]
     return sorted(ops, key=lambda e: e["ts"])
 
 
@@ -157,10 +154,7 @@ def graph_kernels(graph) -> tuple[str, int]:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         graph.replay()
         torch.cuda.synchronize()
-    trace = Path(f"/tmp/engine_step_probe_{time.time_ns()}.json")
-    prof.export_chrome_trace(str(trace))
-    events = json.loads(trace.read_text())["traceEvents"]
-    trace.unlink()
+    events = trace_events(prof)
     kernels = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
     return kernels[0]["name"], len(kernels)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 from fp8_bench import SHAPE, replay_ms
+from gpu_common import trace_events
 
 from mathagent.config import EngineSettings
 from mathagent.serving.engine.config import EngineConfig
@@ -222,11 +223,7 @@ def kernel_timeline(graphs, reps: int = 5) -> dict:
         for _ in range(reps):
             graph.replay()
             torch.cuda.synchronize()
-    trace = Path(f"/tmp/fp8_step_probe_trace_{time.time_ns()}.json")
-    prof.export_chrome_trace(str(trace))
-    events = json.loads(trace.read_text())["traceEvents"]
-    trace.unlink()
-    return timeline(events, reps)
+    return timeline(trace_events(prof), reps)
 
 
 def timeline(events: list[dict], reps: int) -> dict:

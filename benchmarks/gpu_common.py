@@ -128,6 +128,19 @@ def steady_tok_s(engine: object, prompts: list[list[int]], max_tokens: int) -> d
             "steady_tok_s": steady_tokens / max(steady_s, 1e-9), "steady_steps_s": steady_s}  # fmt: skip
 
 
+def trace_events(prof: torch.profiler.profile) -> list[dict]:
+    """The Chrome-trace events of a finished profiler run (written to a temporary file, which
+    is the profiler's one export of per-kernel timestamps)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        return json.loads(trace.read_text())["traceEvents"]
+
+
 def load_fused_table(path: str) -> None:
     """Replace ``cuda/skinny.py``'s ``FUSED_CONFIGS`` with the table ``fused_rows_sweep.py
     --table-out`` wrote (``[]``: no layer takes the fused form)."""
