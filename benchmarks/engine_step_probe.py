@@ -8,7 +8,8 @@ lookahead (``cuda/lookahead.py``) does not hide. Measured on one engine, in orde
 - ``engine``: steady tokens/s and ms a step of one greedy request through ``LLMEngine.step``;
 - ``steps``: each step's wall time (median, mean, the slow steps) and the Python garbage
   collections during them; ``steps_gc_frozen``: the same after ``gc.freeze()``;
-- ``graph_ms``: the (1, 1) decode graph replayed back to back;
+- ``graph_ms``: the (1, 1) decode graph replayed back to back, on the inputs it last held (the
+  finished request's last position, ~290: longer attention than the steps' average);
 - ``tail_ms``: the lookahead's greedy graph replayed back to back (the tail, or the whole step
   where the forward is captured with it);
 - ``lookahead_ms``: ``DecodeLookahead.decode`` in a loop (no scheduler, sequences or outputs);
