@@ -50,13 +50,6 @@ def tail_of(eng) -> tuple:
     return graph, tail.graphs[0] if hasattr(tail, "graphs") else tail.graph
 
 
-def tail_ms(tail, reps: int = 50) -> float:
-    """Milliseconds per replay of the lookahead's greedy step graph of one row, back to back
-    (the tail alone where it is a graph of its own; the forward and the tail where the step is
-    one graph)."""
-    return replay_ms(tail, reps)
-
-
 def lookahead_ms(eng, steps: int = 100) -> float:
     """Milliseconds a step of ``DecodeLookahead.decode`` at batch 1 from position 40."""
     la = eng.runner.lookahead
@@ -167,7 +160,7 @@ def probe(run: str) -> dict:
     res: dict = {"engine_tok_s": b1["steady_tok_s"], "engine_ms": 1e3 / b1["steady_tok_s"]}
     graph, tail = tail_of(eng)
     res["graph_ms"] = sorted(replay_ms(graph, 50) for _ in range(3))[1]
-    res["tail_ms"] = sorted(tail_ms(tail) for _ in range(3))[1]
+    res["tail_ms"] = sorted(replay_ms(tail, 50) for _ in range(3))[1]
     res["lookahead_ms"] = sorted(lookahead_ms(eng) for _ in range(3))[1]
     res["zero_copy"] = getattr(lookahead, "ZERO_COPY", [None])[0]  # the tail's host store
     res["steps"] = engine_steps(eng)
