@@ -744,6 +744,8 @@ def test_a_decode_step_advances_its_own_inputs_and_stores_its_tokens(dev, bucket
     before = inp.packed.clone()
     tokens = torch.randint(0, 49152, (bucket,), generator=gen).to(dev)
     host = torch.full((bucket,), -1, dtype=torch.long)
+    if dev.type == "cuda":  # pinned, as the engine's: the kernel stores there
+        host = host.pin_memory()
     staging = torch.zeros(bucket, dtype=torch.long, device=dev)
     decode_advance.advance(tokens, inp.packed, scratch, host, staging)
     if dev.type == "cuda":
