@@ -36,7 +36,6 @@ from fp8_bench import decode_tok_s, prompts, replay_ms
 from fp8_step_probe import engine
 from gpu_common import trace_events
 
-from mathagent.serving.engine.cuda import lookahead
 from mathagent.serving.engine.sampling_params import SamplingParams
 
 GPU_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -48,6 +47,15 @@ def tail_of(eng) -> tuple:
     graph = eng.runner.graphs.graphs[(1, 1)][0]
     tail = (la._step_graphs if hasattr(la, "_step_graphs") else la._tail)(1, None)
     return graph, tail.graphs[0] if hasattr(tail, "graphs") else tail.graph
+
+
+def zero_copy() -> bool | None:
+    """``decode_advance.ZERO_COPY`` where the package has it (None: a tree from before it)."""
+    try:
+        from mathagent.serving.engine.cuda import decode_advance
+    except ImportError:
+        return None
+    return decode_advance.ZERO_COPY[0]
 
 
 def lookahead_ms(eng, steps: int = 100) -> float:
@@ -162,7 +170,7 @@ def probe(run: str) -> dict:
     res["graph_ms"] = sorted(replay_ms(graph, 50) for _ in range(3))[1]
     res["tail_ms"] = sorted(replay_ms(tail, 50) for _ in range(3))[1]
     res["lookahead_ms"] = sorted(lookahead_ms(eng) for _ in range(3))[1]
-    res["zero_copy"] = getattr(lookahead, "ZERO_COPY", [None])[0]  # the tail's host store
+    res["zero_copy"] = zero_copy()  # whether the step stores its tokens in host memory
     res["steps"] = engine_steps(eng)
     gc.collect()
     gc.freeze()  # what vLLM does after its warm-up (freeze_gc_heap): the heap left out of GC

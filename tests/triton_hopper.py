@@ -123,7 +123,23 @@ def static_scale_launches() -> list[dict]:
     return rows
 
 
+def decode_advance_launches() -> list[dict]:
+    """The decode step's last launch (tokens to the host, inputs one step on) at the batch
+    buckets it serves, one program of one warp each."""
+    from mathagent.serving.engine.cuda import decode_advance
+
+    args = {"tok_ptr": "i64p", "packed_ptr": "i64p", "host_ptr": "i64p", "scratch": "i32"}
+    rows = []
+    for batch in (1, 16, 64, 256):
+        consts = {"B": batch, "BP": decode_advance.block(batch)}
+        built = compile_for_hopper(decode_advance._advance_kernel, args, consts, 1)
+        rows.append({"kernel": "decode_advance", "batch": batch, **built})
+    return rows
+
+
 if __name__ == "__main__":
+    for row in decode_advance_launches():
+        print(json.dumps(row), flush=True)
     for row in static_scale_launches():
         print(json.dumps(row), flush=True)
     for row in fp8_gemv_launches():

@@ -722,3 +722,43 @@ def test_fp8_launch_shapes_are_the_cards_own_where_measured(monkeypatch):
         assert launch(28672, 4096, glu=True) == (8, 512, 4)
     monkeypatch.setattr(fp8_gemv.torch.cuda, "is_available", lambda: False)
     assert fp8_gemv.card_key() is None
+
+
+@pytest.mark.parametrize("bucket", [1, 4, 32])
+def test_a_decode_step_advances_its_own_inputs_and_stores_its_tokens(dev, bucket) -> None:
+    """``decode_advance.advance`` (the last launch of a captured decode step): every row's
+    token reaches the host buffer; rows not in the scratch slot take their token as the next
+    input, one position, write position and start further on; scratch rows stay as they were
+    (their K/V keeps going to the scratch slot's same position)."""
+    from mathagent.serving.engine.cuda import decode_advance
+    from mathagent.serving.engine.cuda.forward import StepInputs
+
+    gen, scratch = torch.Generator().manual_seed(bucket), 99
+    inp = StepInputs.allocate(bucket, 1, dev)
+    slots = torch.randperm(scratch, generator=gen)[:bucket]
+    live = bucket - bucket // 4  # the last quarter of the rows are padding
+    slots[live:] = scratch
+    pos = torch.randint(0, 500, (bucket,), generator=gen)
+    inp.packed.copy_(torch.cat([torch.randint(0, 50, (bucket,), generator=gen), pos, pos,
+                                slots, slots, pos]).to(dev))  # fmt: skip
+    before = inp.packed.clone()
+    tokens = torch.randint(0, 49152, (bucket,), generator=gen).to(dev)
+    host = torch.full((bucket,), -1, dtype=torch.long)
+    if dev.type == "cuda":  # pinned, as the engine's: the kernel stores there
+        host = host.pin_memory()
+    staging = torch.zeros(bucket, dtype=torch.long, device=dev)
+    decode_advance.advance(tokens, inp.packed, scratch, host, staging)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    assert host.tolist() == tokens.tolist()
+    was = StepInputs.allocate(bucket, 1, dev)
+    was.packed.copy_(before)
+    assert torch.equal(inp.tokens[:live, 0], tokens[:live])
+    assert torch.equal(inp.tokens[live:], was.tokens[live:])
+    for field in ("positions", "write", "start"):
+        now, then = getattr(inp, field).flatten(), getattr(was, field).flatten()
+        assert torch.equal(now[:live], then[:live] + 1) and torch.equal(now[live:], then[live:])
+    assert torch.equal(inp.slots, was.slots) and torch.equal(inp.write_slot, was.write_slot)
+    want = before.clone()
+    decode_advance.reference(tokens, want, scratch, torch.empty_like(host))
+    assert torch.equal(inp.packed, want)

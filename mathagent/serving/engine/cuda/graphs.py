@@ -170,33 +170,31 @@ class CudaGraphRunner:
         # the graph's memory; logits (and ``captured``) are read before the next step.
         return logits[:rows, :width], hidden[:rows, :width].clone()
 
-    def launch_decode(
-        self, tokens: list[int] | torch.Tensor, positions: list[int], slots: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Enqueue a one-token-per-row step; ``tokens`` from the host or a device tensor [B]."""
-        rows = len(positions)
+    def decode_entry(self, rows: int) -> tuple[tuple[int, int], tuple]:
+        """The key and entry ``(graph, inputs, outputs)`` of the one-token step that serves
+        ``rows`` rows (captured now if new); the lookahead captures its steps around them."""
         key = (self.bucket(rows), 1)
-        graph, inp, (logits, hidden, captured) = self._graph(key)
+        return key, self._graph(key)
+
+    def write_decode(self, tokens: list[int], positions: list[int], slots: list[int]) -> None:
+        """Enqueue the copy of a one-token-per-row step's inputs from the host into its graph's
+        buffers (one copy of a pinned twin); padded rows go to the scratch slot."""
+        rows = len(positions)
+        key, (_, inp, _) = self.decode_entry(rows)
         batch, pad = key[0], key[0] - rows
         twin = self._host_twin(inp)
         host = inp.host[twin].numpy()
         scratch, zeros = [self.scratch_slot] * pad, [0] * pad
-        host_tokens = tokens if isinstance(tokens, list) else [0] * rows
         # Layout of ``packed``: tokens, positions, write, write_slot, slots, start ([B] each).
-        columns = (host_tokens + zeros, positions + zeros, positions + zeros, slots + scratch,
+        columns = (tokens + zeros, positions + zeros, positions + zeros, slots + scratch,
                    slots + scratch, positions + zeros)  # fmt: skip
         for i, column in enumerate(columns):
             host[i * batch : (i + 1) * batch] = column
         inp.packed.copy_(inp.host[twin], non_blocking=True)
         inp.host_done[twin] = torch.cuda.Event()
         inp.host_done[twin].record()
-        if isinstance(tokens, torch.Tensor):
-            inp.tokens[:rows, 0].copy_(tokens)
         self._set_tree(key, rows, 1, None, None)
         self.padded.pop(key, None)
-        graph.replay()
-        self.captured = None if captured is None else captured[:rows]
-        return logits[:rows], hidden[:rows]
 
     @staticmethod
     def _host_twin(inp: StepInputs) -> int:

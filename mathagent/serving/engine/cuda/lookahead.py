@@ -11,10 +11,15 @@ step only wrote K/V at positions the real step rewrites, or in freed slots; a dr
 step has used its rows' draws, so a seeded request's tokens follow the same law but may differ
 from a run that never launched ahead.
 
-What follows the model's graph is a graph too (the *tail*, one per batch bucket, warp and
-feature sinks): feeding the kept streams to the sinks (EAGLE-3's features), the argmax and
-the sampling. Run eagerly, its ~20 small launches were host time the step did not hide: at T
-0.7 the default model decoded 1115 tok/s against 1623 greedy (benchmarks/GPU_NOTES.md run 66).
+A step is one captured graph per batch bucket, warp and feature sinks: the model's
+one-token forward, then the *tail* (feeding the kept streams to the sinks, EAGLE-3's features;
+the argmax and the sampling; run eagerly its ~20 small launches were host time the step did not
+hide, GPU_NOTES run 66), then :func:`~mathagent.serving.engine.cuda.decode_advance.advance`,
+which stores the tokens in pinned host memory and writes them, one position on, into the graph's
+own inputs. A step launched ahead is then one replay with nothing copied either way (run 157
+measured 21.5 us of copies and switching between two steps before). Two captures of each step
+are replayed in turn, each storing into its own host row, so one step's tokens stay readable
+while the next runs.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mathagent.serving.engine.cuda import decode_advance
 from mathagent.serving.engine.cuda.graphs import CudaGraphRunner
 from mathagent.serving.engine.sampler import (
     Cuts,
@@ -38,25 +44,28 @@ Sink = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]
 
 
 @dataclass
+class _StepGraphs:
+    """The captured decode steps of one bucket, warp and sink count: two of the same work on
+    the runner's inputs, each storing its tokens into its own row of ``host``."""
+
+    source: tuple  # the runner's one-token entry whose inputs they read (recaptured if new)
+    graphs: tuple[torch.cuda.CUDAGraph, torch.cuda.CUDAGraph]
+    table: torch.Tensor  # [bucket, 4] float64: temperature, top-p, top-k, uniform per row
+    host: torch.Tensor  # [2, bucket] pinned: the tokens of each graph's latest replay
+    sampled: bool  # whether the tail samples (a table each step) or takes the argmax
+    turn: int = 0  # the graph the next replay runs
+
+
+@dataclass
 class _Step:
     """One launched decode step and where its tokens land."""
 
     slots: list[int]
     positions: list[int]
     tokens: list[int] | None  # its input tokens, once known on the host
-    device_tokens: torch.Tensor  # [rows] on the device
-    host_tokens: torch.Tensor  # [rows] pinned copy of them
+    graphs: _StepGraphs  # a step launched ahead of it replays the other of them
+    host_tokens: torch.Tensor  # [rows], a view of ``graphs.host``
     done: torch.cuda.Event
-
-
-@dataclass
-class _Tail:
-    """The captured work after one decode graph: its source, inputs and output."""
-
-    source: tuple  # the decode graph's entry it reads (recaptured if the runner's changed)
-    graph: torch.cuda.CUDAGraph
-    table: torch.Tensor  # [bucket, 4] float64: temperature, top-p, top-k, uniform per row
-    tokens: torch.Tensor  # [bucket]
 
 
 class DecodeLookahead:
@@ -67,8 +76,8 @@ class DecodeLookahead:
         self.sinks = sinks if sinks is not None else []  # the runner's own list: may grow
         self.ahead: _Step | None = None
         self.claimed = 0  # steps launched ahead and then used (tests and benchmarks read it)
-        self._tails: dict[tuple[int, Cuts | None, int], _Tail] = {}  # (bucket, cuts, sinks)
-        # the feature sinks run on a branch of the tail's graph: a plain step of a model with an
+        self._steps: dict[tuple[int, Cuts | None, int], _StepGraphs] = {}  # (bucket, cuts, sinks)
+        # the feature sinks run on a branch of the step's graph: a plain step of a model with an
         # EAGLE-3 head cost 2% more than without one while they ran in line (GPU_NOTES run 72)
         self._side = torch.cuda.Stream(device=graphs.forward.cos.device)
 
@@ -86,58 +95,66 @@ class DecodeLookahead:
         ``ahead`` the next step is launched before this one is read."""
         step, self.ahead = self.ahead, None
         if step is None or (step.slots, step.positions, step.tokens) != (slots, positions, tokens):
-            step = self._launch(tokens, positions, slots, sampling)
+            steps = self._step_graphs(self.graphs.bucket(len(positions)), Cuts.of_rows(sampling))
+            self.graphs.write_decode(tokens, positions, slots)
+            step = self._replay(steps, tokens, positions, slots, sampling)
         else:
             self.claimed += 1
         if ahead and all(p + 1 < self.graphs.max_seq for p in positions):
+            # the replay just enqueued left the graphs' inputs at exactly this step
             nxt = [p + 1 for p in positions]
-            self.ahead = self._launch(step.device_tokens, nxt, slots, sampling)
+            self.ahead = self._replay(step.graphs, None, nxt, slots, sampling)
         step.done.synchronize()
         out = step.host_tokens.tolist()
         if self.ahead is not None:
             self.ahead.tokens = out
         return out
 
-    def _launch(
-        self, tokens: list[int] | torch.Tensor, positions: list[int], slots: list[int],
-        sampling: list[RowSampling] | None,
+    def _replay(
+        self, steps: _StepGraphs, tokens: list[int] | None, positions: list[int],
+        slots: list[int], sampling: list[RowSampling] | None,
     ) -> _Step:  # fmt: skip
+        """Enqueue the next of ``steps`` on the inputs its graphs read now."""
         rows = len(positions)
-        bucket = self.graphs.bucket(rows)
-        cuts = Cuts.of_rows(sampling)
-        self.graphs.launch_decode(tokens, positions, slots)
-        tail = self._tail(bucket, cuts)
-        if cuts is not None:
-            table = torch.zeros(bucket, 4, dtype=torch.float64)  # padded rows: greedy
+        if steps.sampled:
+            table = torch.zeros(steps.table.shape, dtype=torch.float64)  # padded rows: greedy
             table[:rows] = Sampler.table(sampling or [], rows)
-            tail.table.copy_(table.pin_memory(), non_blocking=True)
-        tail.graph.replay()
-        device_tokens = tail.tokens[:rows].clone()  # the next replay overwrites the graph's
-        host_tokens = torch.empty(rows, dtype=torch.long, pin_memory=True)
-        host_tokens.copy_(device_tokens, non_blocking=True)
+            steps.table.copy_(table.pin_memory(), non_blocking=True)
+        turn, steps.turn = steps.turn, 1 - steps.turn
+        steps.graphs[turn].replay()
         done = torch.cuda.Event()
         done.record()
-        known = tokens if isinstance(tokens, list) else None
-        return _Step(slots, positions, known, device_tokens, host_tokens, done)
+        return _Step(slots, positions, tokens, steps, steps.host[turn, :rows], done)
 
-    def _tail(self, bucket: int, cuts: Cuts | None) -> _Tail:
-        """The tail after the decode graph of ``bucket`` rows, captured now if new (or if the
-        runner captured its decode graph again)."""
+    def _step_graphs(self, bucket: int, cuts: Cuts | None) -> _StepGraphs:
+        """The steps of ``bucket`` rows, captured now if new (or if the runner captured its
+        one-token graph again: an EAGLE-3 head's kept layers)."""
         key = (bucket, cuts, len(self.sinks))
-        source = self.graphs.graphs[(bucket, 1)]
-        tail = self._tails.get(key)
-        if tail is None or tail.source is not source:
-            tail = self._capture(source, bucket, cuts)
-            self._tails[key] = tail
-        return tail
+        _, source = self.graphs.decode_entry(bucket)
+        steps = self._steps.get(key)
+        if steps is None or steps.source is not source:
+            steps = self._capture(source, bucket, cuts)
+            self._steps[key] = steps
+        return steps
 
-    def _capture(self, source: tuple, bucket: int, cuts: Cuts | None) -> _Tail:
-        _, inp, (logits, _, captured) = source
-        table = torch.zeros(bucket, 4, dtype=torch.float64, device=logits.device)
-        sinks = list(self.sinks)
-        side = self._side
+    def _capture(self, source: tuple, bucket: int, cuts: Cuts | None) -> _StepGraphs:
+        inp = source[1]
+        device = inp.packed.device
+        table = torch.zeros(bucket, 4, dtype=torch.float64, device=device)
+        host = torch.zeros(2, bucket, dtype=torch.long).pin_memory()
+        staging = torch.zeros(bucket, dtype=torch.long, device=device)
+        sinks, side, forward = list(self.sinks), self._side, self.graphs.forward
+        scratch = self.graphs.scratch_slot
+        # the warm-up runs write K/V and advance: every row in the scratch slot at position 0
+        # (the advance leaves scratch rows as they are); write_decode fills them before use
+        for field in (inp.slots, inp.write_slot):
+            field.fill_(scratch)
+        for field in (inp.positions, inp.write, inp.start):
+            field.zero_()
+        self.graphs.padded.pop((bucket, 1), None)
 
-        def body() -> torch.Tensor:
+        def body(row: torch.Tensor) -> torch.Tensor:
+            logits, _, captured = forward(inp)
             main = torch.cuda.current_stream()
             if sinks:  # beside the argmax and sampling: nothing this step reads waits for them
                 side.wait_stream(main)
@@ -145,13 +162,14 @@ class DecodeLookahead:
                     for sink in sinks:  # padded rows write to the scratch slot
                         sink(inp.slots, inp.write, captured)
             last = logits[:, -1]
-            greedy = greedy_tokens(last)  # as the sampler's greedy rows
+            tokens = greedy_tokens(last)  # as the sampler's greedy rows
             if cuts is not None:
                 batch = SamplingBatch.of_table(table, cuts)
-                greedy = Sampler.sample(last, batch, table[:, 3], greedy)
+                tokens = Sampler.sample(last, batch, table[:, 3], tokens)
             if sinks:
-                main.wait_stream(side)  # the graph ends with its branch joined
-            return greedy
+                main.wait_stream(side)  # the sinks read the write positions advance moves
+            decode_advance.advance(tokens, inp.packed, scratch, row, staging)
+            return tokens
 
-        graph, tokens = self.graphs.capture_body(body)
-        return _Tail(source, graph, table, tokens)
+        pair = tuple(self.graphs.capture_body(lambda row=row: body(row))[0] for row in host)
+        return _StepGraphs(source, pair, table, host, cuts is not None)

@@ -72,7 +72,9 @@ def test_greedy_equals_eager(runners):
 
 
 def test_engine_generate_equals_eager(runners):
-    """Whole engine, continuous batching of three requests, decode steps from host values."""
+    """Whole engine, continuous batching of three requests that finish at different steps
+    (three rows padded to four, then two, then one): the steps launched ahead, each a replay
+    of a graph that advanced its own inputs, give the eager engine's tokens."""
     from mathagent.serving.engine.llm_engine import LLMEngine
     from mathagent.serving.engine.loader import LoadedModel
     from mathagent.serving.engine.sampling_params import SamplingParams
@@ -80,13 +82,16 @@ def test_engine_generate_equals_eager(runners):
     eager, fast = runners
     gen = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, 2048, (n,), generator=gen).tolist() for n in (5, 19, 11)]
-    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
-    outputs = []
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (12, 30, 21)]
+    outputs, claimed = [], 0
     for runner in (eager, fast):
         loaded = LoadedModel(runner.model, None, "random", None, ())
         engine = LLMEngine(runner.config, model_dir=None, loaded=loaded)
+        lookahead = engine.runner.lookahead
         outputs.append([r.token_ids for r in engine.generate(prompts, params)])
+        claimed = lookahead.claimed if lookahead is not None else 0
     assert outputs[1] == outputs[0]
+    assert claimed >= 20, "greedy steps were not launched ahead"
 
 
 def test_sampled_decode_launches_ahead_and_equals_eager(runners):
