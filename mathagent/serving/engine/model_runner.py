@@ -63,7 +63,7 @@ class ModelRunner:
             torch.backends.cuda.enable_cudnn_sdp(False)
         # called after every forward with device tensors (slots [B], write positions [B, T],
         # captured streams): the eager model's ``captured`` or the CUDA graph's kept copy; a
-        # decode step's tail graph calls them too (cuda/lookahead.py)
+        # decode step's graph calls them too (cuda/lookahead.py)
         self.feature_sinks: list[Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]] = []
         # Compilation lives here only, so eager and compiled runs can be compared. On CUDA,
         # decode and verify steps replay CUDA graphs; prefill (many tokens) stays eager.
@@ -231,7 +231,7 @@ class ModelRunner:
 
     def _decode_graphs(self, seqs: list[Sequence], slots: list[int], ahead: bool) -> list[int]:
         """Decode through the CUDA graphs from host values, with a step in flight (greedy or
-        sampled rows; the feature sinks fed inside the step's tail graph)."""
+        sampled rows; the feature sinks fed inside the step's graph)."""
         assert self.graphs is not None and self.lookahead is not None
         positions = [s.num_cached for s in seqs]
         tokens = [s.last_token for s in seqs]
