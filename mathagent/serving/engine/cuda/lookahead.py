@@ -82,7 +82,9 @@ class DecodeLookahead:
         self._side = torch.cuda.Stream(device=graphs.forward.cos.device)
 
     def drop(self) -> None:
-        """Forget the step in flight (anything else touching the cache calls this first)."""
+        """Forget the step in flight. Anything else touching the cache or the runner's graph
+        inputs calls this first: a step launched ahead replays on the inputs the step before
+        it left."""
         self.ahead = None
 
     @torch.inference_mode()
