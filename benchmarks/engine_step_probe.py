@@ -1,21 +1,24 @@
 """What a batch-1 decode step through ``LLMEngine`` costs beyond its captured graph (one GPU).
 
 ``fp8_bench.py`` reads tokens/s from ``LLMEngine.step``; ``fp8_step_probe.py`` times the decode
-graph alone. The difference is the work around the graph: the tail graph (argmax or sampling),
-the copies of the step's inputs and tokens between host and device, and any host time the
-lookahead (``cuda/lookahead.py``) does not hide. Measured on one engine, in order:
+graph alone. The difference is the work around the model's forward: the tail (argmax or
+sampling), getting the tokens to the host and the next step's inputs in place (since run 159 one
+graph with the forward, ``cuda/decode_advance.py``; before, copies between the graphs), and any
+host time the lookahead (``cuda/lookahead.py``) does not hide. Measured on one engine, in order:
 
 - ``engine``: steady tokens/s and ms a step of one greedy request through ``LLMEngine.step``;
 - ``steps``: each step's wall time (median, mean, the slow steps) and the Python garbage
   collections during them; ``steps_gc_frozen``: the same after ``gc.freeze()``;
 - ``graph_ms``: the (1, 1) decode graph replayed back to back, on the inputs it last held (the
   finished request's last position, ~290: longer attention than the steps' average);
-- ``tail_ms``: the lookahead's greedy graph replayed back to back (the tail, or the whole step
-  where the forward is captured with it);
+- ``tail_ms``: the lookahead's greedy graph replayed back to back (the whole step: forward,
+  tail and advance; in trees before run 159, the tail alone; each replay moves the inputs one
+  position on, so its context grows);
 - ``lookahead_ms``: ``DecodeLookahead.decode`` in a loop (no scheduler, sequences or outputs);
 - ``between``: a profiler trace of engine steps, each GPU operation from the end of one step's
-  last graph kernel to the first kernel of the next step's graph (name, kind, us after the
-  graph, us long), and the median step period on the GPU.
+  forward (the (1, 1) graph's kernels, found by its first kernel and count) to the next step's
+  first (name, kind, us after the forward, us long: a step graph's argmax and advance too),
+  and the median step period on the GPU.
 
 These are probes; ``fp8_bench.py``'s figures are the results. Run:
 ``PYTHONPATH=.:benchmarks python3 benchmarks/engine_step_probe.py --runs fp8-static-head``.
@@ -42,7 +45,8 @@ GPU_KINDS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 def tail_of(eng) -> tuple:
-    """The (1, 1) decode graph and the greedy tail the lookahead captured after it."""
+    """The (1, 1) decode graph and the lookahead's greedy step graph of one row (a tree from
+    before run 159: its tail graph), for an A/B against such a tree."""
     la = eng.runner.lookahead
     graph = eng.runner.graphs.graphs[(1, 1)][0]
     tail = (la._step_graphs if hasattr(la, "_step_graphs") else la._tail)(1, None)
