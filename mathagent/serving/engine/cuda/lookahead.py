@@ -135,6 +135,10 @@ class DecodeLookahead:
         _, source = self.graphs.decode_entry(bucket)
         steps = self._steps.get(key)
         if steps is None or steps.source is not source:
+            # steps around graphs the runner dropped (its kept layers changed) hold two captured
+            # forwards each: let them go
+            live = {id(entry) for entry in self.graphs.graphs.values()}
+            self._steps = {k: v for k, v in self._steps.items() if id(v.source) in live}
             steps = self._capture(source, bucket, cuts)
             self._steps[key] = steps
         return steps
