@@ -191,18 +191,30 @@ class LLMEngine:
     def generate(
         self, prompts: list[str | list[int]], params: SamplingParams | list[SamplingParams]
     ) -> list[GenerationResult]:
-        """Run ``prompts`` to completion, batched; results in prompt order."""
+        """Run ``prompts`` to completion, batched; results in prompt order.
+
+        Every prompt is checked before any is queued, and an error mid-run aborts this call's
+        requests: either way the engine is left with nothing of this call (a request left
+        queued would surface, unknown, in the next call's outputs)."""
         per = params if isinstance(params, list) else [params] * len(prompts)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, per, strict=True)]
+        seqs = [self.make_sequence(p, sp) for p, sp in zip(prompts, per, strict=True)]
+        ids = [seq.request_id for seq in seqs]
         texts = {i: "" for i in ids}
         tokens: dict[str, list[int]] = {i: [] for i in ids}
         done: dict[str, RequestOutput] = {}
-        while len(done) < len(ids):
-            for out in self.step():
-                texts[out.request_id] += out.delta_text
-                tokens[out.request_id] += out.delta_token_ids
-                if out.finished:
-                    done[out.request_id] = out
+        try:
+            for seq in seqs:
+                self.add_sequence(seq)
+            while len(done) < len(ids):
+                for out in self.step():
+                    texts[out.request_id] += out.delta_text
+                    tokens[out.request_id] += out.delta_token_ids
+                    if out.finished:
+                        done[out.request_id] = out
+        except BaseException:
+            for i in ids:
+                self.abort(i)
+            raise
         return [
             GenerationResult(i, texts[i], tokens[i], done[i].finish_reason, done[i].metrics)
             for i in ids

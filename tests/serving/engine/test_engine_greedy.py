@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mathagent.serving.engine.llm_engine import PromptError
 from mathagent.serving.engine.sampling_params import SamplingParams
 from tests.conftest import PROMPTS
 
@@ -83,3 +84,24 @@ def test_token_id_prompt_equals_text_prompt(engine):
     ids = engine.tokenizer.encode(PROMPTS[0], add_special_tokens=False)
     (a,), (b,) = engine.generate([PROMPTS[0]], params), engine.generate([ids], params)
     assert a.token_ids == b.token_ids and a.text == b.text
+
+
+def test_a_failed_generate_leaves_nothing_queued(engine, monkeypatch):
+    """A bad prompt is refused before any of its batch is queued, and a step that raises
+    aborts the call's requests: the next call sees only its own outputs."""
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    (before,) = engine.generate([PROMPTS[0]], params)
+    with pytest.raises(PromptError, match="token ids must lie"):
+        engine.generate([PROMPTS[0], [10**9]], params)
+    assert not engine.has_unfinished()
+
+    def broken(*_):
+        raise RuntimeError("step failed")
+
+    with monkeypatch.context() as m:
+        m.setattr(engine.runner, "decode", broken)
+        with pytest.raises(RuntimeError, match="step failed"):
+            engine.generate(PROMPTS[:3], params)
+    assert not engine.has_unfinished()
+    (after,) = engine.generate([PROMPTS[0]], params)
+    assert after.token_ids == before.token_ids

@@ -170,7 +170,8 @@ class Eagle3Proposer:
         chains = []  # greedy one-beam rows: drafted together
         for i, row in enumerate(rows):
             seq = row.seq
-            if seq.slot is None or k < 1:
+            if seq.slot is None or k < 1 or seq.num_cached < 1:
+                # a one-token prompt's first step: no position has the target's features yet
                 out[i] = Draft.chain(seq.last_token, [])
             elif row.greedy and self.beams == 1 and seq.num_cached > k and self.chains:
                 chains.append(i)

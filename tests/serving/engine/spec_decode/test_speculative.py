@@ -131,3 +131,21 @@ def test_generate_cli_reports_acceptance_and_bad_drafters() -> None:
     )  # fmt: skip
     assert bad.returncode != 0
     assert "cannot load ReDrafter" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_one_token_prompt_speculates_from_its_second_step(engine, layer_skip_draft) -> None:
+    """A one-token prompt has no prefill: its first step decodes the prompt's token itself,
+    before any position holds the target's features. EAGLE-3 drafted there anyway and the step
+    raised, failing every request in it (the soak's ``{"prompt": "x"}``: 500s, CI of 8c450f9).
+    Alone, beside longer prompts, greedy and sampled: the same tokens as plain greedy."""
+    from mathagent.runtime import SHIPPED_EAGLE3
+
+    prompts: list[str | list[int]] = [[87], PROMPTS[0], [87, 88], [87]]
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    plain = [r.token_ids for r in engine.generate(prompts, greedy)]
+    for method in [*_methods(layer_skip_draft), f"eagle3:{SHIPPED_EAGLE3}"]:
+        params = SamplingParams(max_tokens=8, temperature=0.0, speculative=method)
+        assert [r.token_ids for r in engine.generate(prompts, params)] == plain, method
+        assert engine.generate([[87]], params)[0].token_ids == plain[0], method
+        sampled = SamplingParams(max_tokens=8, temperature=1.0, seed=1, speculative=method)
+        assert all(r.finish_reason in {"length", "stop"} for r in engine.generate(prompts, sampled))
