@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -124,17 +125,20 @@ def sandbox_soak(executions: int, sessions: int, seed: int) -> dict:
     return {**row, "before": before, "after_load": after, "containers_after_stop": stopped}
 
 
-def _start(argv: list[str], env: dict[str, str], health: str, timeout_s: float = 300):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mathagent", *argv],
-        env={**os.environ, "PYTHONPATH": str(faults.ROOT), **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+def _start(argv: list[str], env: dict[str, str], health: str, log: Path, timeout_s: float = 300):
+    """``mathagent ARGV`` once healthy; its stderr goes to ``log`` (a 5xx row quotes it)."""
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mathagent", *argv],
+            env={**os.environ, "PYTHONPATH": str(faults.ROOT), **env},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"mathagent {argv[0]} exited with {proc.returncode}")
+            tail = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"mathagent {argv[0]} exited with {proc.returncode}:\n{tail}")
         try:
             if httpx.get(health, timeout=2).status_code == 200:
                 return proc
@@ -156,15 +160,20 @@ def _normal_s(url: str, body: dict, headers: dict) -> float:
     return statistics.median(times)
 
 
-def hostile_row(target: Target, proc, count: int, normal: tuple[str, dict, dict], seed: int):
-    """Normal request time, the storm, then health and the normal request again."""
+def hostile_row(
+    target: Target, proc, log: Path, count: int, normal: tuple[str, dict, dict], seed: int
+) -> dict:
+    """Normal request time, the storm, then health and the normal request again; with any 5xx,
+    the last lines of the server's stderr (its traceback)."""
     url, body, headers = normal
     before_s, rss_before = _normal_s(url, body, headers), rss_mb(proc.pid)
     row = asyncio.run(storm(target, count, seed=seed))
     health = httpx.get(f"http://127.0.0.1:{target.port}/health", timeout=10).status_code
     after_s = _normal_s(url, body, headers)
+    tail = log.read_text(errors="replace").splitlines()[-40:] if row["5xx"] else []
     return {
         **row,
+        **({"server_log_tail": tail} if tail else {}),
         "healthy_after": health == 200 and proc.poll() is None,
         "normal_request_before_s": round(before_s, 3),
         "normal_request_after_s": round(after_s, 3),
@@ -182,7 +191,10 @@ def services_rows(count: int, seed: int, parts: set[str]) -> dict:
     llm_port, api_port, key = faults.free_port(), faults.free_port(), "soak-key"
     env = {"MATHAGENT_ENGINE__THREADS": "1", "MATHAGENT_SANDBOX__POOL_SIZE": "1",
            "MATHAGENT_SANDBOX__PRELOAD": ""}  # fmt: skip
-    llm = _start(["serve", "--port", str(llm_port)], env, f"http://127.0.0.1:{llm_port}/health")
+    logs = Path(tempfile.mkdtemp(prefix="mathagent-soak-"))
+    llm_log, api_log = logs / "serve.log", logs / "api.log"
+    llm_health = f"http://127.0.0.1:{llm_port}/health"
+    llm = _start(["serve", "--port", str(llm_port)], env, llm_health, llm_log)
     try:
         if "openai_server" in parts:
             valid = {"prompt": "1 + 1 =", "max_tokens": 4, "temperature": 0}
@@ -190,12 +202,12 @@ def services_rows(count: int, seed: int, parts: set[str]) -> dict:
                             valid, body_limit(4096), None, {**valid, "stream": True,
                             "max_tokens": 64})  # fmt: skip
             normal = (f"http://127.0.0.1:{llm_port}/v1/completions", valid, {})
-            rows["openai_server"] = hostile_row(target, llm, count, normal, seed)
+            rows["openai_server"] = hostile_row(target, llm, llm_log, count, normal, seed)
         if "solve_api" in parts:
             api_env = {**env, "MATHAGENT_BASE_URL": f"http://127.0.0.1:{llm_port}/v1",
                        "MATHAGENT_API_KEY": key}  # fmt: skip
             health = f"http://127.0.0.1:{api_port}/health"
-            api = _start(["api", "--port", str(api_port)], api_env, health)
+            api = _start(["api", "--port", str(api_port)], api_env, health, api_log)
             try:
                 valid = {"problem": "What is 2 + 3?", "tools": False, "max_tokens": 16}
                 limit = 4 * 20_000 + 64 * 1024
@@ -203,13 +215,14 @@ def services_rows(count: int, seed: int, parts: set[str]) -> dict:
                                 limit, key, valid)  # fmt: skip
                 auth = {"Authorization": f"Bearer {key}"}
                 normal = (f"http://127.0.0.1:{api_port}/solve", valid, auth)
-                rows["solve_api"] = hostile_row(target, api, count, normal, seed + 1)
+                rows["solve_api"] = hostile_row(target, api, api_log, count, normal, seed + 1)
             finally:
                 api.send_signal(signal.SIGTERM)
                 api.wait(60)
     finally:
         llm.send_signal(signal.SIGTERM)
         llm.wait(60)
+        shutil.rmtree(logs, ignore_errors=True)
     return rows
 
 

@@ -26,6 +26,6 @@ def test_sandbox_service_under_mixed_load(sandbox_image):
 def test_solve_api_and_embedded_server_under_hostile_requests():
     rows = services_rows(40, seed=2, parts={"solve_api", "openai_server"})
     for name, row in rows.items():
-        assert row["5xx"] == 0, (name, row["by_kind"])
+        assert row["5xx"] == 0, (name, row["by_kind"], "\n".join(row.get("server_log_tail", [])))
         assert row["oversized_413"] == row["oversized"], (name, row["by_kind"])
         assert row["healthy_after"] and row["normal_within_usual_time"], (name, row)
