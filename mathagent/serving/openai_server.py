@@ -89,9 +89,7 @@ def create_app(async_engine: AsyncEngine) -> FastAPI:
             messages, add_generation_prompt=body.add_generation_prompt, tokenize=False
         )
         render = partial(_chat_body, name, bool(body.stream))
-        return await _respond(
-            async_engine, request, prompt, body, engine.max_seq_len, render, "chatcmpl"
-        )
+        return await _respond(async_engine, request, prompt, body, None, render, "chatcmpl")
 
     return app
 
@@ -101,15 +99,22 @@ async def _respond(
     request: Request,
     prompt: str | list[int],
     body: CompletionRequest | ChatCompletionRequest,
-    default_max: int,
+    default_max: int | None,
     render: Render,
     kind: str,
 ) -> Any:
-    """Run one request: a 400 before any byte is sent, then an SSE stream or one JSON body."""
+    """Run one request: a 400 before any byte is sent, then an SSE stream or one JSON body.
+    ``default_max``: the ``max_tokens`` of a request that sets none (None: the rest of the
+    context)."""
     rid = f"{kind}-{uuid.uuid4().hex}"
+    engine = async_engine.engine
     try:
-        params = body.sampling_params(default_max)
-        stream = async_engine.generate(prompt, params, rid, stream=bool(body.stream))
+        ids = engine.encode(prompt)  # here, once: the room check needs the prompt's length
+        room = engine.max_seq_len - len(ids)
+        params = body.sampling_params(default_max or room)
+        if params.max_tokens > room:
+            raise PromptError(_past_context(engine.max_seq_len, len(ids), params.max_tokens))
+        stream = async_engine.generate(ids, params, rid, stream=bool(body.stream))
         first = await anext(stream)  # validation errors surface before any bytes are sent
     except (PromptError, ValueError) as exc:
         return _error(400, str(exc))
@@ -125,6 +130,17 @@ async def _respond(
     finally:
         watcher.cancel()
     return render(text, last, rid)
+
+
+def _past_context(limit: int, prompt: int, asked: int) -> str:
+    """vLLM's refusal of a ``max_tokens`` that does not fit after the prompt: its server answers
+    400, it does not cut the request short (``serving_engine.py`` @ 7ded96b3, ``_validate_input``;
+    the message is its words)."""
+    return (
+        f"This model's maximum context length is {limit} tokens. However, you requested "
+        f"{prompt + asked} tokens ({prompt} in the messages, {asked} in the completion). "
+        "Please reduce the length of the messages or completion."
+    )
 
 
 def _completion_body(model: str, text: str, out: RequestOutput | None, rid: str) -> dict[str, Any]:

@@ -53,10 +53,14 @@ class _SamplingFields(BaseModel):
             raise ValueError("logprobs are not supported")
         return self
 
+    def requested_max_tokens(self) -> int | None:
+        """The ``max_tokens`` this request asks for; None when it sets none."""
+        return self.max_tokens
+
     def sampling_params(self, default_max_tokens: int) -> SamplingParams:
         """The engine's parameters for this request (OpenAI defaults where unset)."""
         return SamplingParams(
-            max_tokens=self.max_tokens or default_max_tokens,
+            max_tokens=self.requested_max_tokens() or default_max_tokens,
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
             top_k=max(0, self.top_k or 0),
@@ -113,7 +117,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     add_generation_prompt: bool = True
 
-    def sampling_params(self, default_max_tokens: int) -> SamplingParams:
-        if self.max_tokens is None and self.max_completion_tokens is not None:
-            self.max_tokens = self.max_completion_tokens
-        return super().sampling_params(default_max_tokens)
+    def requested_max_tokens(self) -> int | None:
+        """OpenAI's newer name first, as vLLM reads them (``max_completion_tokens or
+        max_tokens``, serving_engine.py @ 7ded96b3)."""
+        return self.max_completion_tokens or self.max_tokens

@@ -155,6 +155,29 @@ def test_too_long_prompt_names_limits(base_url, engine):
     assert str(engine.max_seq_len) in resp.json()["error"]["message"]
 
 
+def test_a_max_tokens_past_the_context_is_refused_as_vllm_refuses_it(base_url, engine):
+    """vLLM answers 400 when prompt + max_tokens exceeds the context (serving_engine.py @
+    7ded96b3, _validate_input; completions count their default 16, chat its
+    max_completion_tokens first); it does not cut the request short."""
+    ids = [87] * (engine.max_seq_len - 3)
+
+    def post(route: str, body: dict) -> httpx.Response:
+        return httpx.post(f"{base_url}/v1/{route}", json={**body, "temperature": 0}, timeout=60)
+
+    over = post("completions", {"prompt": ids, "max_tokens": 4})
+    assert over.status_code == 400, over.text
+    message = over.json()["error"]["message"]
+    assert f"maximum context length is {engine.max_seq_len} tokens" in message
+    assert f"({len(ids)} in the messages, 4 in the completion)" in message
+    assert post("completions", {"prompt": ids}).status_code == 400  # the default 16
+    fits = post("completions", {"prompt": ids, "max_tokens": 3, "ignore_eos": True})
+    assert fits.status_code == 200 and fits.json()["usage"]["completion_tokens"] == 3
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    big = post("chat/completions", {**chat, "max_completion_tokens": engine.max_seq_len})
+    assert big.status_code == 400 and "maximum context length" in big.text
+    assert post("chat/completions", chat).status_code == 200
+
+
 def test_disconnect_frees_slot(base_url, engine):
     body = {"prompt": "Once upon a time", "max_tokens": 900, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=60) as resp:

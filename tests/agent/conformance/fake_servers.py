@@ -14,6 +14,10 @@ likewise; citations are file @ commit):
     ``spaces_between_special_tokens=True``, ``include_stop_str_in_output=False``,
     ``stop_token_ids=[]``; ``stream_options`` without ``stream`` is a 400. Chat requests have no
     ``max_tokens`` default: the rest of the context (``max_model_len - prompt``).
+  - A ``max_tokens`` past the context is refused, not cut:
+    ``vllm/entrypoints/openai/serving_engine.py`` @ 7ded96b3 OpenAIServing._validate_input
+    (chat: ``max_completion_tokens or max_tokens``; prompt + it > ``max_model_len`` -> a 400,
+    "This model's maximum context length is ...").
   - Extra ``eos_token_id`` values of the model's ``generation_config.json`` (all but the
     tokenizer's own EOS) become ``stop_token_ids`` unless ``ignore_eos``:
     ``vllm/sampling_params.py`` @ db573835 SamplingParams.update_from_generation_config. For gpt-oss
@@ -70,6 +74,7 @@ commit, not one release of each project):
 - vLLM ``vllm/v1/core/sched/utils.py`` @ 018d5dc78efa9af8a03457451b6f27d56bf3b9c2
 - vLLM ``vllm/v1/engine/detokenizer.py`` @ e372329d90d7d12e3957ac21c4097fd9bb79192c
 - vLLM ``vllm/engine/output_processor/stop_checker.py`` @ 0531c2226a6a25cd96ccc856f3bda3f0bb4efb5f
+- vLLM ``vllm/entrypoints/openai/serving_engine.py`` @ 7ded96b3c73f63400cdb048a73c34292ba862d99
 - TensorRT-LLM ``tensorrt_llm/serve/openai_protocol.py`` @ 0076e9390e1ed11515f149eec356f5a03f4a00d8
 - TensorRT-LLM ``tensorrt_llm/sampling_params.py`` @ 000a01de66f0eab4ab05640711f0253f50f5209c
 - TensorRT-LLM ``tensorrt_llm/executor/result.py`` @ 005bc848893f575ec14b45d6b13139360d67c790
@@ -78,7 +83,8 @@ commit, not one release of each project):
 Not modelled: sampling (the script is the model), logprobs, ``n > 1``, tool/reasoning parsers
 (TensorRT-LLM parses harmony itself on chat requests for gpt-oss), chunks with empty text
 (both servers may send them mid-stream; the fakes send text-bearing chunks and the finishing one),
-chat templates (a chat request's messages are recorded, not rendered). Prompt token counts are
+chat templates (a chat request's messages are recorded, not rendered), TensorRT-LLM's
+refusal of a ``max_tokens`` past the context (it is cut there instead). Prompt token counts are
 an estimate (``len(prompt) // 4``, at least 1), used for ``usage`` and the context limit.
 """
 
@@ -219,6 +225,26 @@ def _stops(value: Any) -> list[str]:
     if value is None:
         return []
     return [value] if isinstance(value, str) else list(value)
+
+
+def vllm_context_error(
+    body: dict, model: ServedModel, prompt_tokens: int, chat: bool
+) -> str | None:
+    """vLLM's refusal of a request whose ``max_tokens`` (chat: ``max_completion_tokens`` first;
+    completions: 16 when unset) does not fit the context after the prompt."""
+    asked = (
+        body.get("max_completion_tokens") or body.get("max_tokens")
+        if chat
+        else body.get("max_tokens", 16)
+    )
+    limit = model.max_model_len
+    if asked is None or prompt_tokens + asked <= limit:
+        return None
+    return (
+        f"This model's maximum context length is {limit} tokens. However, you requested "
+        f"{asked + prompt_tokens} tokens ({prompt_tokens} in the messages, {asked} in the "
+        "completion). Please reduce the length of the messages or completion."
+    )
 
 
 def run_engine(
@@ -430,6 +456,10 @@ class FakeServer:
             return _error(500, "the fake model's script is exhausted")
         prompt = (json.dumps(body.get("messages")) if chat else body.get("prompt")) or ""
         prompt_tokens = max(1, len(prompt) // 4)
+        if self.mode != "trtllm" and (
+            refused := vllm_context_error(body, self.model, prompt_tokens, chat)
+        ):
+            return _error(400, refused)
         outcome = run_engine(self.script.pop(0), body, self.model, self.mode, prompt_tokens, chat)
         usage = {
             "prompt_tokens": prompt_tokens,

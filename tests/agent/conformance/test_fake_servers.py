@@ -130,6 +130,29 @@ def test_vllm_max_tokens_gives_length_and_completions_default_is_16():
     assert default.choices[0].finish_reason == "length"
 
 
+def test_vllm_refuses_a_max_tokens_past_the_context():
+    """serving_engine.py @ 7ded96b3 _validate_input: prompt + max_tokens (chat: max_completion_
+    tokens first; completions: 16 when unset) > max_model_len is a 400; chat without either gets
+    the rest of the context."""
+    model = ServedModel(max_model_len=100)
+    with FakeServer([text_tokens("y" * 300)] * 2, "vllm", model) as server:
+        with pytest.raises(openai.BadRequestError, match="maximum context length is 100"):
+            complete(server, max_tokens=100)  # a 1-token prompt: 99 fit
+        with pytest.raises(openai.BadRequestError, match="101 tokens"):
+            client(server).chat.completions.create(
+                model=model.name, messages=[{"role": "user", "content": "hi"}],
+                max_tokens=10, max_completion_tokens=93,
+            )  # fmt: skip  # the messages' JSON counts 8 tokens here: 8 + 93 = 101
+        fits = complete(server, max_tokens=99)
+        rest = client(server).chat.completions.create(
+            model=model.name, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert fits.usage.completion_tokens == 99
+    assert rest.choices[0].finish_reason == "length"
+    assert rest.usage.prompt_tokens + rest.usage.completion_tokens == 100
+    assert len(server.requests) == 4
+
+
 def test_vllm_stream_holds_back_stop_strings_and_reports_usage():
     """detokenizer.py: while streaming, max(len(stop)) - 1 chars are held back, so no delta ever
     carries part of the stop string; include_usage adds a last chunk with choices []."""
