@@ -34,6 +34,13 @@ class LLMError(Exception):
     """The model endpoint failed for good (after retries, or with a 4xx)."""
 
 
+class ContextExhausted(LLMError):
+    """The endpoint refused the request for the context: prompt + ``max_tokens`` do not fit.
+    The agent's own count of the prompt (:meth:`~mathagent.agent.loop.SampleLoop._budget`) can
+    fall a few tokens short of the server's (text re-tokenised after the model wrote it), and
+    vLLM, SGLang and TensorRT-LLM refuse rather than cut the request."""
+
+
 class DeadlineExceeded(Exception):
     """The wall-time budget ran out while waiting for the model."""
 
@@ -256,11 +263,24 @@ async def _close(stream: Any) -> None:
         await stream.close()
 
 
+# The engines' words for "prompt + max_tokens exceed the context" (their 400s): vLLM's two
+# wordings, SGLang's, TensorRT-LLM's.
+_CONTEXT_REFUSALS = (
+    "maximum context length",
+    "'max_tokens' or 'max_completion_tokens' is too large",
+    "Requested token count exceeds",
+    "should not exceed max_seq_len",
+)
+
+
 def _classify(exc: openai.APIStatusError) -> Exception:
     """5xx, 408 and 429 are worth retrying; other 4xx mean the request itself is wrong."""
     if exc.status_code >= 500 or exc.status_code in (408, 429):
         return _Retryable(exc.message, replica_down=exc.status_code >= 500)
-    return LLMError(f"model endpoint rejected the request: {exc.message}")
+    message = f"model endpoint rejected the request: {exc.message}"
+    if exc.status_code == 400 and any(s in str(exc.message) for s in _CONTEXT_REFUSALS):
+        return ContextExhausted(message)
+    return LLMError(message)
 
 
 def open_llm(

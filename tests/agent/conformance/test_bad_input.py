@@ -7,7 +7,9 @@ import asyncio
 
 import pytest
 
-from mathagent.agent.llm import LLMError
+from mathagent.agent.llm import LLMError, open_llm
+from mathagent.agent.prompts import ChatTemplate
+from mathagent.agent.solver import Solver
 from mathagent.config import AgentSettings, Settings
 from mathagent.runtime import open_solver
 from tests.agent.conformance.fake_servers import (
@@ -18,7 +20,7 @@ from tests.agent.conformance.fake_servers import (
     qwen_model,
     text_tokens,
 )
-from tests.agent.conformance.golden import PROBLEM, agent_at, load, scripted
+from tests.agent.conformance.golden import PROBLEM, JinjaTokenizer, agent_at, load, scripted
 from tests.agent.fakes import FakeSandbox
 
 CALL, RETURN = HARMONY["<|call|>"], HARMONY["<|return|>"]
@@ -144,3 +146,27 @@ async def test_max_tokens_fits_the_servers_context():
     prompt_chars = len(server.requests[0]["prompt"])
     # Without the tokenizer's count, two characters a token: never past the context.
     assert sent == 4096 - (prompt_chars // 2 + 1) and result.answer == "104"
+
+
+class _ShortCountingTokenizer(JinjaTokenizer):
+    """Counts a token per 8 characters, half what the fake server counts: the agent's count of
+    its prompt falls short of the server's, as a re-tokenised model text can."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [0] * (len(text) // 8)
+
+
+async def test_a_context_refusal_ends_the_sample_as_length_not_as_an_error():
+    """vLLM refuses prompt + max_tokens past the context (a 400); the agent, whose count was
+    short, ends the sample as a spent budget ("length"), keeping what it has, not as an error."""
+    model = qwen_model("Qwen/Qwen2.5-Math-7B-Instruct", max_model_len=4096)
+    with FakeServer([[*text_tokens("\\boxed{104}"), QWEN_IM_END]], "vllm", model) as server:
+        agent = AgentSettings(seed=0, retries=0)
+        template = ChatTemplate(_ShortCountingTokenizer(QWEN25))
+        llm = open_llm(server.base_url, model.name, agent, chat_template=template, context_len=4096)
+        try:
+            result = await Solver(llm, FakeSandbox(), agent).solve_sample(PROBLEM, 0)
+        finally:
+            await llm.client.close()
+    assert len(server.requests) == 1 and server.requests[0]["max_tokens"] > 3900
+    assert (result.finish_reason, result.error, result.answer) == ("length", None, None)
