@@ -264,7 +264,9 @@ async def _close(stream: Any) -> None:
 
 
 # The engines' words for "prompt + max_tokens exceed the context" (their 400s): vLLM's two
-# wordings, SGLang's, TensorRT-LLM's.
+# wordings (serving_engine.py @ 7ded96b3, and its later one), and SGLang's and TensorRT-LLM's as
+# NeMo-Skills recognises them (nemo_skills/inference/model/utils.py @ 81345c4e,
+# is_context_window_exceeded_error).
 _CONTEXT_REFUSALS = (
     "maximum context length",
     "'max_tokens' or 'max_completion_tokens' is too large",
