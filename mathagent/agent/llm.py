@@ -19,6 +19,7 @@ from typing import Any, Literal
 import httpx
 import openai
 
+from mathagent.agent.refusals import spent_context
 from mathagent.agent.replicas import NoReplica, Replica, ReplicaSet
 from mathagent.agent.retry import wait_to_retry
 from mathagent.config import AgentSettings
@@ -32,13 +33,6 @@ Message = dict[str, str]
 
 class LLMError(Exception):
     """The model endpoint failed for good (after retries, or with a 4xx)."""
-
-
-class ContextExhausted(LLMError):
-    """The endpoint refused the request for the context: prompt + ``max_tokens`` do not fit.
-    The agent's own count of the prompt (:meth:`~mathagent.agent.loop.SampleLoop._budget`) can
-    fall a few tokens short of the server's (text re-tokenised after the model wrote it), and
-    vLLM, SGLang and TensorRT-LLM refuse rather than cut the request."""
 
 
 class DeadlineExceeded(Exception):
@@ -181,6 +175,9 @@ class LLM:
         except TimeoutError as exc:
             raise self._timeout(deadline) from exc
         except openai.APIStatusError as exc:
+            if spent_context(exc.status_code, exc.message):
+                yield Finish("length")  # as a server that cuts the request short ends it
+                return
             raise _classify(exc) from exc
         except (openai.APIConnectionError, httpx.HTTPError) as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
@@ -202,8 +199,9 @@ class LLM:
                 text, finish = self._parse(chunk, finish)
                 if text:
                     yield text
-        finally:
-            await _close(stream)
+        finally:  # the server stops generating; a broken connection is fine
+            with contextlib.suppress(openai.APIError, httpx.HTTPError, OSError):
+                await stream.close()
         if finish is None or finish.finish_reason is None:
             raise _Retryable("the stream ended without a finish reason")
         yield finish
@@ -257,32 +255,11 @@ class LLM:
         return text or "", finish
 
 
-async def _close(stream: Any) -> None:
-    """Close the response so the server stops generating; a broken connection is fine."""
-    with contextlib.suppress(openai.APIError, httpx.HTTPError, OSError):
-        await stream.close()
-
-
-# The engines' words for "prompt + max_tokens exceed the context" (their 400s): vLLM's two
-# wordings (serving_engine.py @ 7ded96b3, and its later one), and SGLang's and TensorRT-LLM's as
-# NeMo-Skills recognises them (nemo_skills/inference/model/utils.py @ 81345c4e,
-# is_context_window_exceeded_error).
-_CONTEXT_REFUSALS = (
-    "maximum context length",
-    "'max_tokens' or 'max_completion_tokens' is too large",
-    "Requested token count exceeds",
-    "should not exceed max_seq_len",
-)
-
-
 def _classify(exc: openai.APIStatusError) -> Exception:
     """5xx, 408 and 429 are worth retrying; other 4xx mean the request itself is wrong."""
     if exc.status_code >= 500 or exc.status_code in (408, 429):
         return _Retryable(exc.message, replica_down=exc.status_code >= 500)
-    message = f"model endpoint rejected the request: {exc.message}"
-    if exc.status_code == 400 and any(s in str(exc.message) for s in _CONTEXT_REFUSALS):
-        return ContextExhausted(message)
-    return LLMError(message)
+    return LLMError(f"model endpoint rejected the request: {exc.message}")
 
 
 def open_llm(

@@ -29,15 +29,7 @@ from mathagent.agent.events import (
 from mathagent.agent.families import Family
 from mathagent.agent.feedback import feedback_text
 from mathagent.agent.formats import ChunkSplitter, ToolSyntax, TurnEnd
-from mathagent.agent.llm import (
-    LLM,
-    ContextExhausted,
-    Conversation,
-    DeadlineExceeded,
-    Finish,
-    GenParams,
-    LLMError,
-)
+from mathagent.agent.llm import LLM, Conversation, DeadlineExceeded, Finish, GenParams, LLMError
 from mathagent.agent.result import SampleResult, Timing, ToolCall, Usage
 from mathagent.agent.segments import SegmentLog
 from mathagent.agent.session import CodeSession, SandboxFailure, SessionLimits
@@ -138,8 +130,6 @@ class SampleLoop:
             reason, error = self._reason, self._error
         except DeadlineExceeded:
             reason = "time"
-        except ContextExhausted:  # the context is spent: a budget end, as "length" is
-            reason = "length"
         except (LLMError, SandboxFailure, TextRejected) as exc:
             reason, error = "error", str(exc)
         finally:
