@@ -24,7 +24,6 @@ from typing import Any
 from mathagent.agent.answer import ThinkTags, after_thinking
 from mathagent.agent.formats import OPENMATH, QWEN, ToolSyntax
 from mathagent.agent.harmony import HarmonyFormat
-from mathagent.agent.llm import Conversation
 from mathagent.agent.prompts import (
     ChatTemplate,
     Example,
@@ -32,6 +31,7 @@ from mathagent.agent.prompts import (
     conversation,
     render_prompt,
 )
+from mathagent.agent.request import Conversation
 
 # What NeMo-Skills' VLLMModel sends on the text endpoint (litellm body, fixtures/requests):
 # special tokens stay in the text, and nothing is inserted between them.

@@ -17,7 +17,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from mathagent.agent.llm import NOT_REPORTED, Finish
+from mathagent.agent.request import NOT_REPORTED, Finish
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from mathagent.agent.harmony_render import (
     default_renderer,
     final_message,
 )
-from mathagent.agent.llm import NOT_REPORTED, Finish
+from mathagent.agent.request import NOT_REPORTED, Finish
 
 CALL_TOKEN_ID = 200012  # <|call|> in o200k_harmony
 PYTHON = "python"

@@ -13,22 +13,16 @@ import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import httpx
 import openai
 
-from mathagent.agent.refusals import spent_context
+from mathagent.agent.refusals import context_room
 from mathagent.agent.replicas import NoReplica, Replica, ReplicaSet
+from mathagent.agent.request import Conversation, Finish, GenParams
 from mathagent.agent.retry import wait_to_retry
 from mathagent.config import AgentSettings
-
-# vLLM and TensorRT-LLM report which stop ended a completion (a string or a token id); others
-# omit the field.
-NOT_REPORTED = object()
-
-Message = dict[str, str]
 
 
 class LLMError(Exception):
@@ -45,36 +39,6 @@ class _Retryable(Exception):
     def __init__(self, message: str, replica_down: bool = True) -> None:
         super().__init__(message)
         self.replica_down = replica_down
-
-
-@dataclass
-class Finish:
-    """How a streamed completion ended."""
-
-    finish_reason: str | None
-    stop_reason: Any = NOT_REPORTED
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
-@dataclass
-class GenParams:
-    """Per-request sampling parameters; ``extra`` goes into the body as is (server extras)."""
-
-    stop: list[str]
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Conversation:
-    """What is sent before the assistant text: a rendered prompt or chat messages."""
-
-    prompt: str | None = None
-    messages: list[Message] = field(default_factory=list)
 
 
 class LLM:
@@ -175,10 +139,16 @@ class LLM:
         except TimeoutError as exc:
             raise self._timeout(deadline) from exc
         except openai.APIStatusError as exc:
-            if spent_context(exc.status_code, exc.message):
-                yield Finish("length")  # as a server that cuts the request short ends it
-                return
-            raise _classify(exc) from exc
+            room = context_room(exc.status_code, exc.message)  # None: not about the context
+            if room is None:
+                raise _classify(exc) from exc
+            if 0 < room < params.max_tokens:  # the server counts the prompt longer: what fits
+                fitted = dataclasses.replace(params, max_tokens=room)
+                async for item in self._request(replica, conv, gen, fitted, deadline):
+                    yield item
+            else:  # the context is spent: the end a server that cuts the request short gives
+                yield Finish("length")
+            return
         except (openai.APIConnectionError, httpx.HTTPError) as exc:
             raise _Retryable(f"{type(exc).__name__}: {exc}") from exc
         finish: Finish | None = None

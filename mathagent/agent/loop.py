@@ -29,7 +29,8 @@ from mathagent.agent.events import (
 from mathagent.agent.families import Family
 from mathagent.agent.feedback import feedback_text
 from mathagent.agent.formats import ChunkSplitter, ToolSyntax, TurnEnd
-from mathagent.agent.llm import LLM, Conversation, DeadlineExceeded, Finish, GenParams, LLMError
+from mathagent.agent.llm import LLM, DeadlineExceeded, LLMError
+from mathagent.agent.request import Conversation, Finish, GenParams
 from mathagent.agent.result import SampleResult, Timing, ToolCall, Usage
 from mathagent.agent.segments import SegmentLog
 from mathagent.agent.session import CodeSession, SandboxFailure, SessionLimits

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from mathagent.agent.llm import Conversation, Message
+from mathagent.agent.request import Conversation, Message
 
 if TYPE_CHECKING:
     from mathagent.agent.formats import TagFormat

@@ -10,7 +10,7 @@ import pytest
 from mathagent.agent.families import BY_NAME, family_for
 from mathagent.agent.feedback import cut
 from mathagent.agent.formats import OPENMATH, QWEN, ChunkSplitter
-from mathagent.agent.llm import Finish
+from mathagent.agent.request import Finish
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -26,7 +26,7 @@ from mathagent.agent.harmony_render import (
     TextRenderer,
     vocabulary_present,
 )
-from mathagent.agent.llm import Finish
+from mathagent.agent.request import Finish
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures/harmony/gpt_oss_harmony.json").read_text())
 USER = FIXTURE["inputs"]["user"]

@@ -13,8 +13,9 @@ import httpx
 import openai
 import pytest
 
-from mathagent.agent.llm import LLM, Conversation, Finish, GenParams, LLMError
+from mathagent.agent.llm import LLM, LLMError
 from mathagent.agent.replicas import NoReplica, Replica, ReplicaSet
+from mathagent.agent.request import Conversation, Finish, GenParams
 from tests.agent.fakes import FakeEndpoint, Turn
 
 

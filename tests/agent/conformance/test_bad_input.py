@@ -9,6 +9,7 @@ import pytest
 
 from mathagent.agent.llm import LLMError, open_llm
 from mathagent.agent.prompts import ChatTemplate
+from mathagent.agent.refusals import context_room
 from mathagent.agent.solver import Solver
 from mathagent.config import AgentSettings, Settings
 from mathagent.runtime import open_solver
@@ -156,9 +157,9 @@ class _ShortCountingTokenizer(JinjaTokenizer):
         return [0] * (len(text) // 8)
 
 
-async def test_a_context_refusal_ends_the_sample_as_length_not_as_an_error():
-    """vLLM refuses prompt + max_tokens past the context (a 400); the agent, whose count was
-    short, ends the sample as a spent budget ("length"), keeping what it has, not as an error."""
+async def test_a_context_refusal_is_asked_again_for_what_fits():
+    """vLLM refuses prompt + max_tokens past the context (a 400) and says what it counted; the
+    agent, whose count was short, asks again for the rest of the context and goes on."""
     model = qwen_model("Qwen/Qwen2.5-Math-7B-Instruct", max_model_len=4096)
     with FakeServer([[*text_tokens("\\boxed{104}"), QWEN_IM_END]], "vllm", model) as server:
         agent = AgentSettings(seed=0, retries=0)
@@ -168,5 +169,27 @@ async def test_a_context_refusal_ends_the_sample_as_length_not_as_an_error():
             result = await Solver(llm, FakeSandbox(), agent).solve_sample(PROBLEM, 0)
         finally:
             await llm.client.close()
-    assert len(server.requests) == 1 and server.requests[0]["max_tokens"] > 3900
-    assert (result.finish_reason, result.error, result.answer) == ("length", None, None)
+    first, second = server.requests
+    counted = len(first["prompt"]) // 4  # the fake server's count
+    assert first["max_tokens"] > 4096 - counted and second["max_tokens"] == 4096 - counted
+    assert (result.finish_reason, result.error, result.answer) == ("answer", None, "104")
+
+
+@pytest.mark.parametrize(
+    ("message", "room"),
+    [
+        ("This model's maximum context length is 100 tokens. However, you requested 101 tokens "
+         "(8 in the messages, 93 in the completion). Please reduce the length of the messages or "
+         "completion.", 92),  # vLLM @ 7ded96b3
+        ("'max_tokens' or 'max_completion_tokens' is too large: 8000. This model's maximum "
+         "context length is 4096 tokens and your request has 2778 input tokens "
+         "(8000 > 4096 - 2778).", 1318),  # vLLM's later wording
+        ("Requested token count exceeds the model's maximum context length", 0),
+        ("The sum of prompt length (4000) and query length (0) max_tokens (2048) should not "
+         "exceed max_seq_len (4096)", 0),
+        ("temperature must be non-negative", None),
+    ],
+)  # fmt: skip
+def test_context_refusals_are_read_for_what_fits(message, room):
+    assert context_room(400, message) == room
+    assert context_room(422, message) is None
