@@ -142,6 +142,14 @@ def spec_equal(variant: str = ":stable") -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sweep", action="store_true")
+    parser.add_argument(
+        "--sweep-products",
+        nargs="+",
+        choices=["qkv", "wo", "w13", "w2"],
+        help="sweep only these products (default: all four)",
+    )
+    parser.add_argument("--sweep-split", action="store_true",
+                        help="the sweep tries K in slices too (Fp8GemvConfig.split)")  # fmt: skip
     parser.add_argument("--out", default="fp8_bench.json")
     parser.add_argument("--split-sweep", action="store_true")
     parser.add_argument("--runs-before", nargs="*", default=[])
@@ -173,7 +181,8 @@ def run_all(args: argparse.Namespace) -> None:
         Path(args.out).write_text(json.dumps(out, indent=1, default=str))
 
     sections = [(f"{q}_before_sweeps", lambda q=q: engine_run(q)) for q in args.runs_before]
-    sections += [("sweep", sweep)] if args.sweep else []
+    if args.sweep:
+        sections.append(("sweep", lambda: sweep(args.sweep_products, args.sweep_split)))
     if args.split_sweep:
 
         def split() -> dict:

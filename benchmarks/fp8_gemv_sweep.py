@@ -3,7 +3,8 @@
 Each product (qkv, wo, w13, w2; the head stays bf16) runs over distinct random e4m3 matrices
 (one per layer, cold in L2) inside one CUDA graph, with the prologue / epilogue the decode step
 uses there; a timed product is the row kernel plus the GEMV, as in a step. First the row
-kernel alone per warp count, then the GEMV's tiles. Every
+kernel alone per warp count, then the GEMV's tiles (``split``: also with K in 2, 4 or 7
+slices, ``Fp8GemvConfig.split``, for the products that are not w13). Every
 candidate is checked against the plain-torch FP8 rule (``fp8_format.reference_linear``); one
 off by more than 1e-2 cannot win; the winner is timed a second time (the spread). Triton compiles
 the candidates first in parallel worker processes (the JIT's file cache then serves the timed
@@ -26,12 +27,23 @@ from mathagent.serving.engine.random_model import RANDOM_SHAPES
 SHAPE = "llama-3-8b"
 # [block_n, block_k, warps]: run F4 call 1's tiles (two 16-byte loads per thread and tile)
 TILES = ([16, 512, 8], [32, 512, 8], [16, 1024, 8], [8, 1024, 4], [32, 256, 8], [8, 512, 4])
+# K slices per row block (--split): the tiles above and two with fewer rows a program
+SPLITS = (2, 4, 7)
+SPLIT_TILES = (*TILES, [4, 512, 4], [16, 256, 8])
 ROW_WARPS = (4, 8, 16, 32)
 
 
-def candidates(k: int) -> list[list[int]]:
-    """[block_n, block_k, warps] launch shapes that fit ``k`` (two tiles per step)."""
-    return [list(t) for t in TILES if k % (2 * t[1]) == 0]
+def candidates(k: int, split: bool = False) -> list[list[int]]:
+    """[block_n, block_k, warps(, split)] launch shapes that fit ``k`` (two tiles per step)."""
+    out = [list(t) for t in TILES if k % (2 * t[1]) == 0]
+    if split:
+        out += [[*t, sp] for t in SPLIT_TILES for sp in SPLITS if k % (2 * t[1] * sp) == 0]
+    return out
+
+
+def config(launch: list[int]) -> fp8_gemv.Fp8GemvConfig:
+    """The launch shape a candidate names."""
+    return fp8_gemv.Fp8GemvConfig(*launch[:3], split=launch[3] if len(launch) > 3 else 1)
 
 
 class Fp8Product:
@@ -91,9 +103,15 @@ def _compile(job: tuple[int, int, int, bool, list[int]]) -> str | None:
         return repr(exc)[:300]
 
 
-def precompile(workers: int = 12) -> dict:
-    jobs = [(n, k, pro, resid, cfg) for name, (n, k, pro, resid) in uses(SHAPE).items()
-            if name != "head" for cfg in candidates(k)]  # fmt: skip
+def products(names: list[str] | None, split: bool) -> dict[str, tuple[int, int, int, bool, bool]]:
+    """The swept products (all four, or ``names``): (N, K, prologue, residual, split)."""
+    return {name: (*use, split and name != "w13") for name, use in uses(SHAPE).items()
+            if name != "head" and (names is None or name in names)}  # fmt: skip
+
+
+def precompile(names: list[str] | None, split: bool, workers: int = 12) -> dict:
+    jobs = [(n, k, pro, resid, cfg) for (n, k, pro, resid, sp) in products(names, split).values()
+            for cfg in candidates(k, sp)]  # fmt: skip
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(workers) as pool:
         errors = pool.map(_compile, jobs, chunksize=1)
@@ -113,27 +131,26 @@ def row_sweep(p: Fp8Product, layers: int) -> dict:
     return {"best_warps": best, "us": timed}
 
 
-def sweep() -> dict:
-    """Time every candidate per product; install the winners; report (us per product, TB/s)."""
+def sweep(names: list[str] | None = None, split: bool = False) -> dict:
+    """Time every candidate per product (all four, or ``names``; ``split``: K in slices too);
+    install the winners; report (us per product, TB/s)."""
     layers = RANDOM_SHAPES[SHAPE]["num_hidden_layers"]
     t0 = time.perf_counter()
-    res: dict = {"precompile": precompile()}
+    res: dict = {"precompile": precompile(names, split)}
     res["precompile_s"] = time.perf_counter() - t0
-    for name, (n, k, pro, resid) in uses(SHAPE).items():
-        if name == "head":
-            continue
+    for name, (n, k, pro, resid, sp) in products(names, split).items():
         p = Fp8Product(n, k, pro, resid, layers)
         rows = row_sweep(p, layers)
         mb = (n * k + 4 * n) / 1e6
         timed, errs = {}, {}
-        for cfg in candidates(k):
+        for cfg in candidates(k, sp):
             try:
                 errs[tuple(cfg)] = p.check(cfg)
                 timed[tuple(cfg)] = graph_us(lambda: p.launch(cfg), layers)  # noqa: B023
             except Exception as exc:  # a shape that does not compile is skipped, and reported
                 res.setdefault("failed", []).append([name, cfg, repr(exc)[:300]])
         best = min((c for c in timed if errs[c] < 1e-2), key=timed.get)
-        fp8_gemv.FP8_GEMV_CONFIGS[(n, k)] = fp8_gemv.Fp8GemvConfig(*best)
+        fp8_gemv.FP8_GEMV_CONFIGS[(n, k)] = config(list(best))
         fp8_gemv.CARD_FP8_GEMV_CONFIGS.get(fp8_gemv.card_key(), {}).pop((n, k), None)
         again = graph_us(lambda: p.launch(list(best)), layers)  # noqa: B023
         res[name] = {"n": n, "k": k, "mb": mb, "best": list(best), "best_us": timed[best],
@@ -143,5 +160,5 @@ def sweep() -> dict:
                                     for c, t in timed.items()), key=lambda i: i[1])}  # fmt: skip
         print(json.dumps({name: {k: v for k, v in res[name].items() if k != "all"}}), flush=True)
         torch.cuda.empty_cache()
-    res["per_layer_us"] = sum(res[u]["best_us"] for u in ("qkv", "wo", "w13", "w2"))
+    res["per_layer_us"] = sum(res[u]["best_us"] for u in ("qkv", "wo", "w13", "w2") if u in res)
     return res

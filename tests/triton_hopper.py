@@ -69,16 +69,35 @@ def fp8_gemv_launches() -> list[dict]:
                 continue
             constexprs = {"RESID": not glu and pro == 0, "BLOCK_N": cfg.block_n,
                           "BLOCK_K": cfg.block_k, "EVICT": cfg.evict, "PDL": True, "GLU": glu,
-                          "A16": a16, "PRO": pro if a16 else 0, "CODES": codes}  # fmt: skip
+                          "A16": a16, "PRO": pro if a16 else 0, "CODES": codes,
+                          "SPLIT": 1}  # fmt: skip
             kinds = {
                 **args,
                 "q_ptr": "bf16" if a16 else "e4m3",
                 "y_ptr": "e4m3" if codes else "bf16",
+                "part_ptr": "bf16",  # unread at split 1: the launch passes y
+                "cnt_ptr": "bf16",
             }
             built = compile_for_hopper(_fp8_gemv_kernel, kinds, constexprs, cfg.num_warps)
             rows.append({"kernel": "fp8_gemv", "shape": [n, k], "glu": glu, "a16": a16,
                          "codes": codes, "pro": pro if a16 else 0,
                          "launch": [cfg.block_n, cfg.block_k, cfg.num_warps], **built})  # fmt: skip
+    # K in slices (Fp8GemvConfig.split; codes in, plain, a residual): the 8B shape's w2 and wo
+    # among the launches `fp8_bench.py --sweep --sweep-split` tries
+    for (n, k), launch in (
+        ((4096, 14336), (16, 512, 8, 2)),
+        ((4096, 14336), (16, 256, 8, 4)),
+        ((4096, 14336), (8, 512, 4, 7)),
+        ((4096, 4096), (8, 512, 4, 2)),
+    ):
+        block_n, block_k, warps, split = launch
+        constexprs = {"RESID": True, "BLOCK_N": block_n, "BLOCK_K": block_k,
+                      "EVICT": "evict_first", "PDL": True, "GLU": False, "A16": False, "PRO": 0,
+                      "CODES": False, "SPLIT": split}  # fmt: skip
+        kinds = {**args, "part_ptr": "f32", "cnt_ptr": "i32p"}
+        built = compile_for_hopper(_fp8_gemv_kernel, kinds, constexprs, warps)
+        rows.append({"kernel": "fp8_gemv", "shape": [n, k], "split": split,
+                     "launch": list(launch), **built})  # fmt: skip
     return rows
 
 

@@ -525,6 +525,45 @@ def test_fp8_products_compute_the_fp8_model(dev, mode, monkeypatch):
         assert not cuda_fp8._COUNTERS[(q.device, n, k)].any()
 
 
+@pytest.mark.parametrize("codes_in", [False, True])
+def test_fp8_one_row_split_k_adds_its_slices_in_order(dev, codes_in):
+    """The one-row GEMV with K in 2 and 4 slices (Fp8GemvConfig.split), a partial last row
+    block, the row kernel's codes or codes in (w2 after a CODES w13): the FP8 model's product,
+    the same bits at every launch whichever slice arrives last, the counters left at zero."""
+    from mathagent.serving.engine import fp8_format
+    from mathagent.serving.engine.cuda import fp8_gemv
+
+    torch.manual_seed(7)
+    n, k, bf16 = 200, 1024, torch.bfloat16  # 200 rows: the last 16-row block is partial
+    codes, scale = fp8_format.quantize_rows(torch.randn(n, k, device=dev))
+    scale = scale.squeeze(-1)
+    r = torch.randn(1, n, device=dev, dtype=bf16)
+    static = torch.tensor([0.05], device=dev)
+    kw = dict(residual=r, input_scale=static if codes_in else None)
+
+    def launch(x, config):
+        arg = fp8_format.quantize_rows(x, static)[0] if codes_in else x
+        return fp8_gemv.gemv(arg, codes, scale, config=config, **kw)
+
+    # two inputs in turn: a slice summed before it was written shows the other input's sums
+    xs = [torch.randn(1, k, device=dev, dtype=bf16) * 3 for _ in range(2)]
+    refs = [fp8_format.reference_linear(x, codes, scale, static if codes_in else None) + r
+            for x in xs]  # fmt: skip
+    for split in (2, 4):
+        outs = [launch(xs[i % 2], [16, 128, 4, split]) for i in range(4)]
+        for i, y in enumerate(outs):
+            assert rel(y, refs[i % 2]) < 4e-3, (split, i)
+            assert rel(y, launch(xs[i % 2], [16, 128, 4])) < 4e-3, (split, i)
+        assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3]), split
+        assert not any(b.any() for b in cuda_kernels._ARRIVALS[("fp8_gemv", r.device)]), split
+    x = xs[0]
+    arg = fp8_format.quantize_rows(x, static)[0] if codes_in else x
+    with pytest.raises(ValueError, match="split"):  # K 1024 is not 2 * 128 * 8 slices
+        fp8_gemv.gemv(arg, codes, scale, config=[16, 128, 4, 8], **kw)
+    with pytest.raises(ValueError, match="split"):  # the GLU form is not split
+        fp8_gemv.gemv(x, codes, scale, config=[8, 128, 4, 2], glu=True)
+
+
 @pytest.mark.parametrize("mode", ["plain", "norm", "silu", "resid", "glu"])
 def test_fp8_one_row_a16_reads_the_plain_row(dev, mode, monkeypatch):
     """fp8_gemv.A16 (W8A16): the one-row product of e4m3 weights and per-row scales against

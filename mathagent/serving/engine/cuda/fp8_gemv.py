@@ -42,10 +42,15 @@ class Fp8GemvConfig:
     """Launch shape of the fp8 one-row GEMV for one weight shape (GLU: rows of each half)."""
 
     block_n: int
-    block_k: int  # 2 * block_k must divide K
+    block_k: int  # 2 * block_k * split must divide K
     num_warps: int
     evict: str = "evict_first"
     pdl: bool = True
+    split: int = 1  # programs a row block, each over K / split (not GLU or A16; --sweep-split)
+
+    def fits(self, k: int) -> bool:
+        """Whether this launch shape takes a product of inner size ``k``."""
+        return k % (2 * self.block_k * self.split) == 0
 
 
 # The fastest launch shapes on one H200 (benchmarks/fp8_bench.py --sweep, run F4 call 1;
@@ -112,9 +117,10 @@ def _device_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
 
 
-def fp8_gemv_config(n: int, k: int, glu: bool = False) -> Fp8GemvConfig:
-    """The measured launch shape for ``[n, k]`` e4m3 weights (this card's, else the H200's),
-    else a heuristic one."""
+def fp8_gemv_config(n: int, k: int, glu: bool = False,
+                    launch: list[int] | None = None) -> Fp8GemvConfig:  # fmt: skip
+    """The launch shape for ``[n, k]`` e4m3 weights: ``launch`` ``[block_n, block_k, warps(,
+    split)]`` if given, else the measured one (this card's, else the H200's), else a heuristic."""
     card, shape = card_key(), (n, k)
     cfg = None
     if glu:
@@ -126,6 +132,10 @@ def fp8_gemv_config(n: int, k: int, glu: bool = False) -> Fp8GemvConfig:
     if cfg is None:
         block_k = next(b for b in (1024, 512, 256, 128) if k % (2 * b) == 0)
         cfg = Fp8GemvConfig(8 if n >= 8192 else 4, block_k, 4)
+    if launch is not None:
+        cfg = Fp8GemvConfig(*launch[:3], split=launch[3] if len(launch) > 3 else 1)
+    elif glu and cfg.split > 1:
+        cfg = replace(cfg, split=1)
     if cfg.pdl and not kernels.pdl_supported():
         cfg = replace(cfg, pdl=False)
     return cfg
@@ -205,6 +215,18 @@ def _glu_after(y: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def _split_buffers(cfg: Fp8GemvConfig, blocks: int, k: int, unsplittable: bool,
+                   y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    # The slices' sums and the row blocks' arrival counters of a split launch (y: unread ones)
+    if cfg.split == 1:
+        return y, y
+    if unsplittable or not cfg.fits(k):
+        raise ValueError(f"fp8 gemv: split {cfg.split} takes codes, not GLU or A16, and K a "
+                         f"multiple of 2 * block_k * split (K {k}, block_k {cfg.block_k})")  # fmt: skip
+    part = torch.empty(cfg.split, y.numel(), dtype=torch.float32, device=y.device)
+    return part, kernels.arrival_counters("fp8_gemv", blocks, y.device)
+
+
 @torch.library.custom_op("mathagent::fp8_gemv", mutates_args=())
 def gemv(
     x: torch.Tensor,
@@ -224,7 +246,7 @@ def gemv(
 
     ``f`` as in :func:`kernels.gemv`. ``glu``: ``weight`` holds gate rows then up rows and the
     result is ``silu(gate) * up`` ``[N / 2]``. ``config`` (the sweep's knob) overrides the one-row
-    launch shape: ``[block_n, block_k, warps]``. ``input_scale``: the product's static
+    launch shape: ``[block_n, block_k, warps(, split)]``. ``input_scale``: the product's static
     activation scale ``[1]`` (a checkpoint's), else each row's own; one row of ``x`` may then be
     those codes already (e4m3, with a residual: the w2 after a ``CODES`` w13). ``out_scale``
     (one row, GLU): the result as e4m3 codes with the next product's static scale
@@ -244,26 +266,26 @@ def gemv(
         return _glu_after(y) if glu else y
     x1 = x.reshape(-1).contiguous()
     pro = 1 if norm is not None else 2 if silu_mul else 0
-    cfg = fp8_gemv_config(n, k, glu)
-    if config is not None:
-        cfg = Fp8GemvConfig(*config, pdl=cfg.pdl)
+    cfg = fp8_gemv_config(n, k, glu, config)
     n_out = n // 2 if glu else n
+    a16 = A16 and input_scale is None and not codes_in  # a static scale names W8A8 codes
     if codes_in:
         q, s, kernel_pro = x1, input_scale, 0
-    elif A16 and input_scale is None:  # a static scale names the W8A8 codes: the row kernel
+    elif a16:
         q, s, kernel_pro = x1, weight_scale, pro
     else:
         (q, s), kernel_pro = quantize_row(x1, k, norm, eps, pro, cfg.pdl, input_scale), 0
     dtype = torch.float8_e4m3fn if out_scale is not None else (residual if codes_in else x).dtype
     y = torch.empty(n_out, dtype=dtype, device=x.device)
-    _fp8_gemv_kernel[(triton.cdiv(n_out, cfg.block_n),)](
+    blocks = triton.cdiv(n_out, cfg.block_n)
+    part, counts = _split_buffers(cfg, blocks, k, glu or a16, y)
+    _fp8_gemv_kernel[(blocks, cfg.split)](
         q, s, weight, weight_scale, y, x1 if residual is None else residual.reshape(n_out),
         x1 if norm is None else norm, s if out_scale is None else out_scale, n_out, k,
         weight.stride(0), eps, RESID=residual is not None, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, EVICT=cfg.evict, PDL=cfg.pdl, GLU=glu,
-        A16=A16 and input_scale is None and not codes_in, PRO=kernel_pro,
-        CODES=out_scale is not None, num_warps=cfg.num_warps,
-        launch_pdl=cfg.pdl,
+        BLOCK_K=cfg.block_k, EVICT=cfg.evict, PDL=cfg.pdl, GLU=glu, A16=a16, PRO=kernel_pro,
+        CODES=out_scale is not None, SPLIT=cfg.split, part_ptr=part, cnt_ptr=counts,
+        num_warps=cfg.num_warps, launch_pdl=cfg.pdl,
     )  # fmt: skip
     return y.view(*x.shape[:-1], n_out)
 

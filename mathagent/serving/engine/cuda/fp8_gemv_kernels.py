@@ -75,11 +75,27 @@ if triton is not None:
         return acc + w.to(tl.float32) * x
 
     @triton.jit
+    def _fp8_gemv_epilogue(total, up, sx, ws, ws_up, r, inv, y_ptr, rn, N, dt: tl.constexpr,
+                           RESID: tl.constexpr, GLU: tl.constexpr, CODES: tl.constexpr):  # fmt: skip
+        # Row sums -> y: scales, GLU, residual, codes (the one-row GEMV's epilogue)
+        y = _scaled(total, sx, ws, dt)
+        if GLU:  # the eager rounding: gate and up rounded, silu(gate) rounded, the product
+            u = _scaled(up, sx, ws_up, dt).to(tl.float32)
+            gate = y.to(tl.float32)
+            y = ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * u).to(dt)
+        if RESID:
+            y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
+        if CODES:
+            y = _quantize_codes(y.to(tl.float32), inv)
+        tl.store(y_ptr + rn, y, mask=rn < N)
+
+    @triton.jit
     def _fp8_gemv_kernel(q_ptr, s_ptr, w_ptr, ws_ptr, y_ptr, r_ptr, g_ptr, os_ptr, N, K,
                          stride_wn, eps, RESID: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, EVICT: tl.constexpr, PDL: tl.constexpr,
                          GLU: tl.constexpr, A16: tl.constexpr = False, PRO: tl.constexpr = 0,
-                         CODES: tl.constexpr = False):  # fmt: skip
+                         CODES: tl.constexpr = False, SPLIT: tl.constexpr = 1, part_ptr=None,
+                         cnt_ptr=None):  # fmt: skip
         """One program streams BLOCK_N rows (GLU: of gate and of up) against the codes.
 
         One long function because a Triton kernel is one function. Two weight tiles are
@@ -93,8 +109,17 @@ if triton is not None:
         input scale (os_ptr), the row kernel's rule on the rounded y. No bulk L2 prefetch of the
         rest of the rows before the wait: it lost at every product on the H200 (run 114) and the
         H100 (runs 154-156: whole rows +0.2 to +2.7% a step; 2 KB of wo's, within the spread).
+        SPLIT > 1 (codes in, not GLU): program (n, s) streams K's s-th slice and stores its row
+        sums in part[s]; the last of the row block's SPLIT programs to arrive (a counter) adds
+        the parts in slice order (the same sums whoever arrives last), runs the epilogue and
+        zeroes the counter for the next launch, as the rows kernel's split does (fp8.py).
         """
         pid = tl.program_id(0)
+        if SPLIT > 1:  # this program's slice of K (K % (SPLIT * 2 * BLOCK_K) == 0)
+            K = K // SPLIT
+            k_lo = tl.program_id(1) * K
+            w_ptr += k_lo
+            q_ptr += k_lo
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rk = tl.arange(0, BLOCK_K)
         w_ptrs = w_ptr + rn[:, None] * stride_wn + rk[None, :]
@@ -108,6 +133,10 @@ if triton is not None:
         # The epilogue's constants now, its residual right after the wait: nothing is read
         # after the stream, so a program's end is not a memory round trip.
         ws = tl.load(ws_ptr + rn, mask=rn < N, other=0.0)
+        # placeholders where GLU, CODES or RESID leaves them unread
+        ws_up = ws
+        inv = ws
+        r = ws
         if GLU:
             ws_up = tl.load(ws_ptr + N + rn, mask=rn < N, other=0.0)
         if CODES:
@@ -142,13 +171,19 @@ if triton is not None:
                 xv = tl.load(q_ptr + k0 + rk).to(tl.float32)
                 ss += xv * xv
             sx = _rms_rstd(ss, K, eps)
-        y = _scaled(tl.sum(acc, axis=1), sx, ws, dt)
-        if GLU:  # the eager rounding: gate and up rounded, silu(gate) rounded, the product
-            u = _scaled(tl.sum(up, axis=1), sx, ws_up, dt).to(tl.float32)
-            gate = y.to(tl.float32)
-            y = ((gate * tl.sigmoid(gate)).to(dt).to(tl.float32) * u).to(dt)
-        if RESID:
-            y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
-        if CODES:
-            y = _quantize_codes(y.to(tl.float32), inv)
-        tl.store(y_ptr + rn, y, mask=rn < N)
+        total = tl.sum(acc, axis=1)
+        up_total = tl.sum(up, axis=1) if GLU else total
+        if SPLIT == 1:
+            _fp8_gemv_epilogue(total, up_total, sx, ws, ws_up, r, inv, y_ptr, rn, N, dt, RESID,
+                               GLU, CODES)  # fmt: skip
+        else:
+            tl.store(part_ptr + tl.program_id(1) * N + rn, total, mask=rn < N)
+            tl.debug_barrier()  # every thread's sums are written before the counter moves
+            if tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel") == SPLIT - 1:
+                total = tl.zeros((BLOCK_N,), dtype=tl.float32)
+                for s in tl.static_range(SPLIT):
+                    total += tl.load(part_ptr + s * N + rn, mask=rn < N, other=0.0,
+                                     cache_modifier=".cg")  # fmt: skip
+                tl.store(cnt_ptr + pid, 0)
+                _fp8_gemv_epilogue(total, total, sx, ws, ws, r, inv, y_ptr, rn, N, dt, RESID,
+                                   False, CODES)  # fmt: skip
