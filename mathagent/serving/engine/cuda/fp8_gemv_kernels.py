@@ -115,8 +115,9 @@ if triton is not None:
         zeroes the counter for the next launch, as the rows kernel's split does (fp8.py).
         """
         pid = tl.program_id(0)
-        if SPLIT > 1:  # this program's slice of K (K % (SPLIT * 2 * BLOCK_K) == 0)
-            K = K // SPLIT
+        if SPLIT > 1:  # this program's slice of K (K % (SPLIT * 2 * BLOCK_K) == 0): said
+            # to the compiler, else a slice of 7 loses the 16-byte loads (byte-wide weights)
+            K = tl.multiple_of(K // SPLIT, 2 * BLOCK_K)
             k_lo = tl.program_id(1) * K
             w_ptr += k_lo
             q_ptr += k_lo
