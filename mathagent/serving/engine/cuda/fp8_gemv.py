@@ -46,7 +46,7 @@ class Fp8GemvConfig:
     num_warps: int
     evict: str = "evict_first"
     pdl: bool = True
-    split: int = 1  # programs a row block, each over K / split (not GLU or A16; --sweep-split)
+    split: int = 1  # programs a row block, each over K / split (not GLU or A16; H100: no gain)
 
     def fits(self, k: int) -> bool:
         """Whether this launch shape takes a product of inner size ``k``."""
