@@ -45,11 +45,6 @@ def candidates(n: int, k: int, split: bool = False) -> list[list[int]]:
     return [c for i, c in enumerate(out) if c not in out[:i]]
 
 
-def config(launch: list[int]) -> fp8_gemv.Fp8GemvConfig:
-    """The launch shape a candidate names."""
-    return fp8_gemv.Fp8GemvConfig(*launch[:3], split=launch[3] if len(launch) > 3 else 1)
-
-
 class Fp8Product:
     """Distinct e4m3 weights of one use (one per layer) and its inputs."""
 
@@ -154,7 +149,7 @@ def sweep(names: list[str] | None = None, split: bool = False) -> dict:
             except Exception as exc:  # a shape that does not compile is skipped, and reported
                 res.setdefault("failed", []).append([name, cfg, repr(exc)[:300]])
         best = min((c for c in timed if errs[c] < 1e-2), key=timed.get)
-        fp8_gemv.FP8_GEMV_CONFIGS[(n, k)] = config(list(best))
+        fp8_gemv.FP8_GEMV_CONFIGS[(n, k)] = fp8_gemv.Fp8GemvConfig.of(list(best))
         fp8_gemv.CARD_FP8_GEMV_CONFIGS.get(fp8_gemv.card_key(), {}).pop((n, k), None)
         again = graph_us(lambda: p.launch(list(best)), layers)  # noqa: B023
         res[name] = {"n": n, "k": k, "mb": mb, "best": list(best), "best_us": timed[best],

@@ -143,7 +143,7 @@ def variant(spec: str):
         else:
             shape_text, launch = value.split(":")
             shape = tuple(int(v) for v in shape_text.split("x"))
-            tables[key][shape] = fp8_gemv.Fp8GemvConfig(*(int(v) for v in launch.split(",")))
+            tables[key][shape] = fp8_gemv.Fp8GemvConfig.of([int(v) for v in launch.split(",")])
     try:
         yield
     finally:

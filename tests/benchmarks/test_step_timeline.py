@@ -56,9 +56,12 @@ def test_a_variant_sets_its_knobs_for_the_block_and_restores_them():
 
     rows, shapes = dict(fp8_gemv.ROW_WARPS), dict(fp8_gemv.FP8_GEMV_CONFIGS)
     loads = attention.MERGE_LOADS
-    with fp8_step_probe.variant("row=4096,1:16;cfg=4096x4096:8,512,4;MERGE_LOADS=2"):
+    spec = "row=4096,1:16;cfg=4096x4096:8,512,4;cfg=4096x14336:8,512,4,7;MERGE_LOADS=2"
+    with fp8_step_probe.variant(spec):
         assert fp8_gemv.row_warps(4096, 1) == 16 and fp8_gemv.row_warps(4096, 0) == 8
         assert fp8_gemv.FP8_GEMV_CONFIGS[(4096, 4096)] == fp8_gemv.Fp8GemvConfig(8, 512, 4)
+        split = fp8_gemv.Fp8GemvConfig(8, 512, 4, split=7)  # a fourth number: K slices
+        assert fp8_gemv.FP8_GEMV_CONFIGS[(4096, 14336)] == split
         assert attention.MERGE_LOADS == 2
     assert rows == fp8_gemv.ROW_WARPS and shapes == fp8_gemv.FP8_GEMV_CONFIGS
     assert loads == attention.MERGE_LOADS

@@ -48,9 +48,10 @@ class Fp8GemvConfig:
     pdl: bool = True
     split: int = 1  # programs a row block, each over K / split (not GLU or A16; H100: no gain)
 
-    def fits(self, k: int) -> bool:
-        """Whether this launch shape takes a product of inner size ``k``."""
-        return k % (2 * self.block_k * self.split) == 0
+    @classmethod
+    def of(cls, launch: list[int]) -> Fp8GemvConfig:
+        """The launch ``[block_n, block_k, warps(, split)]``, as sweeps and probes name one."""
+        return cls(*launch[:3], split=launch[3] if len(launch) > 3 else 1)
 
 
 # The fastest launch shapes on one H200 (benchmarks/fp8_bench.py --sweep, run F4 call 1;
@@ -133,7 +134,7 @@ def fp8_gemv_config(n: int, k: int, glu: bool = False,
         block_k = next(b for b in (1024, 512, 256, 128) if k % (2 * b) == 0)
         cfg = Fp8GemvConfig(8 if n >= 8192 else 4, block_k, 4)
     if launch is not None:
-        cfg = Fp8GemvConfig(*launch[:3], split=launch[3] if len(launch) > 3 else 1)
+        cfg = Fp8GemvConfig.of(launch)
     elif glu and cfg.split > 1:
         cfg = replace(cfg, split=1)
     if cfg.pdl and not kernels.pdl_supported():
@@ -217,12 +218,11 @@ def _glu_after(y: torch.Tensor) -> torch.Tensor:
 
 def _split_buffers(cfg: Fp8GemvConfig, blocks: int, k: int, unsplittable: bool,
                    y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    # The slices' sums and the row blocks' arrival counters of a split launch (y: unread ones)
-    if cfg.split == 1:
+    if cfg.split == 1:  # the slices' sums and the row blocks' counters (y: unread ones)
         return y, y
-    if unsplittable or not cfg.fits(k):
-        raise ValueError(f"fp8 gemv: split {cfg.split} takes codes, not GLU or A16, and K a "
-                         f"multiple of 2 * block_k * split (K {k}, block_k {cfg.block_k})")  # fmt: skip
+    if unsplittable or k % (2 * cfg.block_k * cfg.split):
+        raise ValueError(f"fp8 gemv: split {cfg.split} needs codes (not GLU or A16) and K {k} "
+                         f"a multiple of 2 * block_k {cfg.block_k} * split")  # fmt: skip
     part = torch.empty(cfg.split, y.numel(), dtype=torch.float32, device=y.device)
     return part, kernels.arrival_counters("fp8_gemv", blocks, y.device)
 
