@@ -109,7 +109,7 @@ if triton is not None:
         input scale (os_ptr), the row kernel's rule on the rounded y. No bulk L2 prefetch of the
         rest of the rows before the wait: it lost at every product on the H200 (run 114) and the
         H100 (runs 154-156: whole rows +0.2 to +2.7% a step; 2 KB of wo's, within the spread).
-        SPLIT > 1 (codes in, not GLU): program (n, s) streams K's s-th slice and stores its row
+        SPLIT > 1 (codes, not GLU or A16): program (n, s) streams K's s-th slice and stores its row
         sums in part[s]; the last of the row block's SPLIT programs to arrive (a counter) adds
         the parts in slice order (the same sums whoever arrives last), runs the epilogue and
         zeroes the counter for the next launch, as the rows kernel's split does (fp8.py).
