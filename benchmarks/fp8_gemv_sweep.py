@@ -27,7 +27,7 @@ from mathagent.serving.engine.random_model import RANDOM_SHAPES
 SHAPE = "llama-3-8b"
 # [block_n, block_k, warps]: run F4 call 1's tiles (two 16-byte loads per thread and tile)
 TILES = ([16, 512, 8], [32, 512, 8], [16, 1024, 8], [8, 1024, 4], [32, 256, 8], [8, 512, 4])
-# K slices per row block (--split): the tiles above and two with fewer rows a program
+# K slices per row block (fp8_bench.py --sweep-split): the tiles above and two narrower
 SPLITS = (2, 4, 7)
 SPLIT_TILES = (*TILES, [4, 512, 4], [16, 256, 8])
 ROW_WARPS = (4, 8, 16, 32)
