@@ -235,9 +235,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="small shapes, one program (CPU too)")
     p.add_argument("--layers", type=int, default=8, help="distinct weight copies (cold L2)")
-    # run 170 (H100): the shipped pair 46.8 us, the best of these 51.1 (16,1024,8,512,8 with
-    # 264 programs); the next two are the H100's and the H200's shipped tiles, smaller GLU
-    # blocks to shorten the grid-stride loop's tail
+    # runs 170-171 (H100): the shipped pair 46.7-46.8 us, these 51.1-56.7 (the H100's own
+    # tiles, 4,512,2,2048,4, 53.1): the grid-stride loops lose (GPU_NOTES.md)
     p.add_argument("--tiles", nargs="+", default=["16,1024,8,512,8", "4,512,2,2048,4",
                    "16,1024,8,512,4", "8,512,8,512,8", "16,1024,4,1024,4"],
                    help="BN1,BK1,BN2,BK2,warps (wo tile, w13 GLU tile, warps)")  # fmt: skip
