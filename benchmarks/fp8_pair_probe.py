@@ -40,6 +40,8 @@ if "--check" in sys.argv:  # before any kernel is defined: the interpreter, as t
 
     triton_interpreter.enable()
 
+from gemv_sweep import graph_us
+
 from mathagent.serving.engine import fp8_format
 from mathagent.serving.engine.cuda import fp8_gemv, kernels
 
@@ -225,12 +227,6 @@ def check() -> dict:
     return out
 
 
-def time_us(fn, layers: int, reps: int = 7) -> float:
-    from gemv_sweep import graph_us
-
-    return graph_us(fn, layers, reps)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="small shapes, one program (CPU too)")
@@ -250,7 +246,7 @@ def main() -> None:
     ref = [pair.shipped(layer) for layer in pair.layers]
     result: dict = {"device": props.name, "sms": props.multi_processor_count,
                     "layers": args.layers, "variants": {}}  # fmt: skip
-    result["shipped_us"] = time_us(lambda: [pair.shipped(x) for x in pair.layers], args.layers)
+    result["shipped_us"] = graph_us(lambda: [pair.shipped(x) for x in pair.layers], args.layers)
     mb = (pair.layers[0].wo.numel() + pair.layers[0].w13.numel()) / 1e6
     result["weight_mb_a_pair"] = mb
     for spec in args.tiles:
@@ -277,7 +273,7 @@ def main() -> None:
                 for name, phases in (("persistent", (3,)), ("two_launches", (1, 2))):
                     launch = functools.partial(pair.persistent, programs=programs,
                                                phases=phases, tiles=tiles, warps=warps)  # fmt: skip
-                    row[name]["us"] = time_us(lambda f=launch: [f(x) for x in pair.layers],
+                    row[name]["us"] = graph_us(lambda f=launch: [f(x) for x in pair.layers],
                                               args.layers)  # fmt: skip
                     row[name]["tb_s"] = mb / row[name]["us"]
                 row["timed_out"] = int(pair.cnt[2])
