@@ -287,7 +287,7 @@ def test_a_step_after_plain_ones_drafts_as_drafting_every_step_does(engine, head
     probes judge speculation on such steps; run 113, H200, T 0.7: 0.27 of first drafts landed
     in the policy's 22 steps against 0.58 drafting every step)."""
     method = heads[3] if beams == 1 else heads[2]
-    params = SamplingParams(max_tokens=48, temperature=0.0, speculative=method)
+    params = SamplingParams(max_tokens=32, temperature=0.0, speculative=method)
     policy = engine.speculator.policy
     try:
         matched = after_plain_against_every_step(engine, PROMPTS[:3], params, 3)
