@@ -36,8 +36,6 @@ ENV = {
     "MATHAGENT_ENGINE__THREADS": "2",
     "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
 }
-# The killed runs need rows written, not answers found: shorter generations, sooner kills.
-KILLED_ENV = {**ENV, "MATHAGENT_AGENT__MAX_TOKENS": "96"}
 
 
 @pytest.fixture(scope="module")
@@ -55,13 +53,13 @@ def _command(out: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "mathagent", *args, *extra]
 
 
-def _eval(out: Path, *extra: str, env: dict[str, str] = ENV) -> dict:
+def _eval(out: Path, *extra: str) -> dict:
     done = subprocess.run(
         _command(out, "--json", *extra),
         capture_output=True,
         text=True,
         timeout=900,
-        env=env,
+        env=ENV,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
@@ -107,7 +105,7 @@ def _run_and_kill(out: Path, url: str, at_least: int) -> int:
         _command(out, "--limit", str(KILLED_LIMIT), "--no-tools", "--base-url", url),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env=KILLED_ENV,
+        env=ENV,
         start_new_session=True,
     )
     deadline = time.monotonic() + 600
@@ -123,7 +121,7 @@ def test_sample_set_without_tools_killed_twice_resumes_exactly_once(tmp_path: Pa
     second = _run_and_kill(tmp_path, server_url, first + 1)
     assert 1 <= first < second < KILLED_LIMIT
     limit = ["--limit", str(KILLED_LIMIT)]
-    summary = _eval(tmp_path, "--no-tools", "--base-url", server_url, *limit, env=KILLED_ENV)
+    summary = _eval(tmp_path, "--no-tools", "--base-url", server_url, *limit)
     keys = Counter((r["id"], r["sample"]) for r in _records(tmp_path))
     assert len(keys) == KILLED_LIMIT and set(keys.values()) == {1}
     assert summary["complete"] and summary["num_entries"] == KILLED_LIMIT
