@@ -274,7 +274,7 @@ def main() -> None:
                     launch = functools.partial(pair.persistent, programs=programs,
                                                phases=phases, tiles=tiles, warps=warps)  # fmt: skip
                     row[name]["us"] = graph_us(lambda f=launch: [f(x) for x in pair.layers],
-                                              args.layers)  # fmt: skip
+                                               args.layers)  # fmt: skip
                     row[name]["tb_s"] = mb / row[name]["us"]
                 row["timed_out"] = int(pair.cnt[2])
             result["variants"][f"{spec}x{mult}"] = row
