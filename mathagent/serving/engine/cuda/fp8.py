@@ -209,30 +209,13 @@ def rows_launch(q: torch.Tensor, s: torch.Tensor, weight: torch.Tensor, weight_s
     part, counts = y, y  # unused at split 1
     if cfg.split > 1:
         part = torch.empty(cfg.split, m, n, dtype=torch.float32, device=q.device)
-        counts = split_counters(blocks, (n, k), q.device)
+        counts = kernels.arrival_counters("fp8_rows", blocks, q.device)
     _rows_kernel[(blocks, cfg.split)](
         q, s, weight, weight_scale, y, y if residual is None else residual, part, counts, m, n,
         K=k, MP=MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT=cfg.split,
         RESID=residual is not None, PDL=pdl, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
-
-
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-
-
-def split_counters(blocks: int, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
-    """Zeroed int32 counters for a split launch's column blocks, one set per weight shape and
-    device: each launch leaves them zero, and one shape's launches run one after another on the
-    model's stream (a PDL launch touches them only after its wait). Made on the first call, the
-    warm-up before a capture; allocating inside a capture would zero them in the graph."""
-    key = (device, *shape)
-    have = _COUNTERS.get(key)
-    if have is None or have.numel() < blocks:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("fp8 split counters must be made before graph capture")
-        have = _COUNTERS[key] = torch.zeros(blocks, dtype=torch.int32, device=device)
-    return have
 
 
 @torch.library.custom_op("mathagent::fp8_rows_linear", mutates_args=())

@@ -36,6 +36,9 @@ def arrival_counters(owner: str, n: int, device: torch.device) -> torch.Tensor:
     their addresses."""
     bufs = _ARRIVALS.setdefault((owner, device), [])
     if not bufs or bufs[-1].numel() < n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # A buffer made during capture would be zeroed only when the graph replays.
+            raise RuntimeError(f"run a {owner} launch once before capturing a CUDA graph")
         bufs.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
     return bufs[-1]
 

@@ -282,7 +282,7 @@ def launch(
         if k % (cfg.split * cfg.block_k):
             raise ValueError(f"K = {k} is not {cfg.split} slices of whole {cfg.block_k} tiles")
         ws = torch.empty((2 if glu else 1) * cfg.split, m, n, dtype=torch.float32, device=y.device)
-        counters = split_counters(y.device, blocks)
+        counters = kernels.arrival_counters("skinny", blocks, y.device)
     _skinny_kernel[(blocks, cfg.split)](
         x2, weight, y, x2 if norm is None else norm, y if residual is None else residual, ws,
         counters, m, n, x2.stride(0), weight.stride(0), eps, K=k, MP=mp, BLOCK_N=cfg.block_n,
@@ -291,26 +291,6 @@ def launch(
         RESID=residual is not None, GLU=glu, SPLIT=cfg.split, num_warps=cfg.num_warps,
         launch_pdl=cfg.pdl,
     )  # fmt: skip
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_COUNTER_SLOTS = 1 << 14
-
-
-def split_counters(device: torch.device, blocks: int) -> torch.Tensor:
-    """The device's arrival counters of split launches, one per column block, zero between
-    launches (each launch's last slice resets its own). One buffer serves every product: the
-    kernels of a step run in stream order, and a kernel launched early by PDL touches its
-    counters only after waiting for the kernel before it."""
-    if blocks > _COUNTER_SLOTS:
-        raise ValueError(f"a split launch takes at most {_COUNTER_SLOTS} column blocks")
-    counters = _COUNTERS.get(device)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            # A buffer made during capture would be zeroed only when the graph replays.
-            raise RuntimeError("run a split skinny launch once before capturing a CUDA graph")
-        counters = _COUNTERS[device] = torch.zeros(_COUNTER_SLOTS, dtype=torch.int32, device=device)
-    return counters
 
 
 @torch.library.custom_op("mathagent::skinny", mutates_args=())
