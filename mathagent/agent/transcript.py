@@ -66,7 +66,7 @@ class Transcript:
     def _done(self, event: DoneEvent) -> None:
         result = event.result
         self._newline()
-        line = f"[sample {event.sample}] {result.finish_reason}, answer: {result.answer}"
+        line = f"[sample {event.sample}] answer: {result.answer} (stopped by: {result.finish_reason})"
         if result.error:
             line += f" — {result.error}"
         self.console.print(Text(line, style="dim" if not result.error else "red"))

@@ -36,7 +36,7 @@ def test_code_and_output_are_set_apart():
     assert "Compute: <tool_call>print(1)</tool_call>\n" in text
     assert "output · completed · 0.50 s" in text and "│ 1 " in text
     assert "hidden sample text" not in text
-    assert text.rstrip().endswith("[sample 0] answer, answer: 1")
+    assert text.rstrip().endswith("[sample 0] answer: 1 (stopped by: answer)")
 
 
 def test_cli_rejects_an_empty_problem():
