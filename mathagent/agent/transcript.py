@@ -66,7 +66,8 @@ class Transcript:
     def _done(self, event: DoneEvent) -> None:
         result = event.result
         self._newline()
-        line = f"[sample {event.sample}] answer: {result.answer} (stopped by: {result.finish_reason})"
+        why = result.finish_reason
+        line = f"[sample {event.sample}] answer: {result.answer} (stopped by: {why})"
         if result.error:
             line += f" — {result.error}"
         self.console.print(Text(line, style="dim" if not result.error else "red"))
