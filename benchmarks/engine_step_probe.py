@@ -35,9 +35,9 @@ import time
 from pathlib import Path
 
 import torch
-from fp8_bench import decode_tok_s, prompts, replay_ms
+from fp8_bench import decode_tok_s, prompts
 from fp8_step_probe import engine
-from gpu_common import trace_events
+from gpu_common import replay_ms, trace_events
 
 from mathagent.serving.engine.sampling_params import SamplingParams
 

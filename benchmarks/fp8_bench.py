@@ -30,7 +30,14 @@ from pathlib import Path
 import fp8_split_sweep
 import torch
 from fp8_gemv_sweep import sweep
-from gpu_common import DATASHEET_HBM_BYTES_PER_S, card_bytes_per_s, steady_tok_s
+from fp8_step_probe import variant
+from gpu_common import (
+    DATASHEET_HBM_BYTES_PER_S,
+    FP8_SHAPE,
+    card_bytes_per_s,
+    replay_ms,
+    steady_tok_s,
+)
 
 from mathagent.config import EngineSettings
 from mathagent.serving.engine import fp8_format
@@ -40,8 +47,6 @@ from mathagent.serving.engine.llm_engine import LLMEngine
 from mathagent.serving.engine.loader import load_model
 from mathagent.serving.engine.random_model import RANDOM_SHAPES
 from mathagent.serving.engine.sampling_params import SamplingParams
-
-SHAPE = "llama-3-8b"
 
 
 def read_bytes(model: torch.nn.Module) -> int:
@@ -65,7 +70,7 @@ def engine_run(run: str) -> dict:
                               max_seq_len=1024, eager=False,
                               fp8_activation_scales="calibrate" if "static" in extras else "auto",
                               fp8_head="head" in extras)  # fmt: skip
-    config = EngineConfig.from_settings(settings, f"random:{SHAPE}")
+    config = EngineConfig.from_settings(settings, f"random:{FP8_SHAPE}")
     t0 = time.perf_counter()
     engine = LLMEngine(config, model_dir=Path("/tmp"))
     loaded = engine.loaded
@@ -91,25 +96,14 @@ def engine_run(run: str) -> dict:
 
 def prompts(n: int, seed: int, length: int = 32) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, RANDOM_SHAPES[SHAPE]["vocab_size"], (n, length), generator=gen).tolist()
+    return torch.randint(
+        0, RANDOM_SHAPES[FP8_SHAPE]["vocab_size"], (n, length), generator=gen
+    ).tolist()
 
 
 def decode_tok_s(engine: LLMEngine, n: int, max_tokens: int) -> dict:
     """Tokens/s of ``n`` concurrent greedy requests (``gpu_common.steady_tok_s``)."""
     return steady_tok_s(engine, prompts(n, seed=n), max_tokens)
-
-
-def replay_ms(graph: torch.cuda.CUDAGraph, reps: int = 20) -> float:
-    """Milliseconds per replay of a captured step (no host work around it)."""
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 def spec_equal(variant: str = ":stable") -> dict:
@@ -119,7 +113,7 @@ def spec_equal(variant: str = ":stable") -> dict:
     (run 114: 2 of 4 prompts, from token 4), which says nothing about the speculation."""
     settings = EngineSettings(device="cuda", quantization="fp8", max_batch_size=4,
                               max_seq_len=1024, eager=False)  # fmt: skip
-    config = EngineConfig.from_settings(settings, f"random:{SHAPE}{variant}")
+    config = EngineConfig.from_settings(settings, f"random:{FP8_SHAPE}{variant}")
     loaded = load_model(config.model, Path("/tmp"), config.device, config.dtype, "fp8")
     ps = [p[:8] * 4 for p in prompts(4, seed=3)]
     params = SamplingParams(max_tokens=96, temperature=0.0, ignore_eos=True)
@@ -160,8 +154,6 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         if args.variant:  # for the whole run (held by the stack: a dropped context manager
             # is closed when collected, and its exit restores the tables at once)
-            from fp8_step_probe import variant  # it imports this module: imported only here
-
             stack.enter_context(variant(args.variant))
             print(f"variant {args.variant}", flush=True)
         run_all(args)
@@ -170,7 +162,7 @@ def main() -> None:
 def run_all(args: argparse.Namespace) -> None:
     """The sweeps and engine runs ``args`` names; JSON to ``args.out`` after each."""
     out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                 "shape": SHAPE, "variant": args.variant}  # fmt: skip
+                 "shape": FP8_SHAPE, "variant": args.variant}  # fmt: skip
     q, s = cuda_fp8.quantize_rows(x := torch.randn(7, 14336, device="cuda", dtype=torch.bfloat16))
     q_ref, s_ref = fp8_format.quantize_rows(x)
     out["quantize_rows_bitwise_equal_reference"] = bool(

@@ -19,12 +19,12 @@ import time
 
 import torch
 from gemv_sweep import graph_us, uses
+from gpu_common import FP8_SHAPE
 
 from mathagent.serving.engine import fp8_format
 from mathagent.serving.engine.cuda import fp8_gemv
 from mathagent.serving.engine.random_model import RANDOM_SHAPES
 
-SHAPE = "llama-3-8b"
 # [block_n, block_k, warps]: run F4 call 1's tiles (two 16-byte loads per thread and tile)
 TILES = ([16, 512, 8], [32, 512, 8], [16, 1024, 8], [8, 1024, 4], [32, 256, 8], [8, 512, 4])
 # K slices per row block (fp8_bench.py --sweep-split): the tiles above and two narrower
@@ -104,7 +104,7 @@ def _compile(job: tuple[int, int, int, bool, list[int]]) -> str | None:
 
 def products(names: list[str] | None, split: bool) -> dict[str, tuple[int, int, int, bool, bool]]:
     """The swept products (all four, or ``names``): (N, K, prologue, residual, split)."""
-    return {name: (*use, split and name != "w13") for name, use in uses(SHAPE).items()
+    return {name: (*use, split and name != "w13") for name, use in uses(FP8_SHAPE).items()
             if name != "head" and (names is None or name in names)}  # fmt: skip
 
 
@@ -133,7 +133,7 @@ def row_sweep(p: Fp8Product, layers: int) -> dict:
 def sweep(names: list[str] | None = None, split: bool = False) -> dict:
     """Time every candidate per product (all four, or ``names``; ``split``: K in slices too);
     install the winners; report (us per product, TB/s)."""
-    layers = RANDOM_SHAPES[SHAPE]["num_hidden_layers"]
+    layers = RANDOM_SHAPES[FP8_SHAPE]["num_hidden_layers"]
     t0 = time.perf_counter()
     res: dict = {"precompile": precompile(names, split)}
     res["precompile_s"] = time.perf_counter() - t0

@@ -22,12 +22,12 @@ from dataclasses import asdict
 import torch
 from fp8_gemv_sweep import Fp8Product
 from gemv_sweep import graph_us, uses
+from gpu_common import FP8_SHAPE
 
 from mathagent.serving.engine.cuda import fp8, fp8_gemv
 from mathagent.serving.engine.cuda.fp8 import RowsConfig
 from mathagent.serving.engine.random_model import RANDOM_SHAPES
 
-SHAPE = "llama-3-8b"
 ROWS = (1, 4)  # a decode row; a verify step at acceptance 3 (1 + 3 drafted)
 SMS = 132
 
@@ -78,7 +78,7 @@ def _compile(job: tuple) -> str | None:
 
 def precompile(workers: int = 12) -> dict:
     jobs = {}
-    for name, (n, k, pro, resid) in uses(SHAPE).items():
+    for name, (n, k, pro, resid) in uses(FP8_SHAPE).items():
         if name != "head":
             for cfg in candidates(n, k):  # one compile per (K, launch shape, prologue kind)
                 jobs.setdefault((k, pro, resid, cfg), (n, k, pro, resid, asdict(cfg)))
@@ -89,11 +89,11 @@ def precompile(workers: int = 12) -> dict:
 
 def sweep() -> dict:
     """Per product and row count: today's path and every split candidate (us, error)."""
-    layers = RANDOM_SHAPES[SHAPE]["num_hidden_layers"]
+    layers = RANDOM_SHAPES[FP8_SHAPE]["num_hidden_layers"]
     t0 = time.perf_counter()
     res: dict = {"precompile": precompile()}
     res["precompile_s"] = time.perf_counter() - t0
-    for name, (n, k, pro, resid) in uses(SHAPE).items():
+    for name, (n, k, pro, resid) in uses(FP8_SHAPE).items():
         if name == "head":
             continue
         res[name] = {"n": n, "k": k, "mb": (n * k + 4 * n) / 1e6}

@@ -20,8 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from fp8_bench import SHAPE, replay_ms
-from gpu_common import trace_events
+from gpu_common import FP8_SHAPE, replay_ms, trace_events
 
 from mathagent.config import EngineSettings
 from mathagent.serving.engine.config import EngineConfig
@@ -37,7 +36,7 @@ def engine(run: str) -> LLMEngine:
                               max_seq_len=1024, eager=False,
                               fp8_activation_scales="calibrate" if "static" in extras else "auto",
                               fp8_head="head" in extras)  # fmt: skip
-    config = EngineConfig.from_settings(settings, f"random:{SHAPE}")
+    config = EngineConfig.from_settings(settings, f"random:{FP8_SHAPE}")
     return LLMEngine(config, model_dir=Path("/tmp"))
 
 
@@ -319,7 +318,7 @@ def main() -> None:
     args = parser.parse_args()
     global CONTEXT
     CONTEXT = args.context
-    out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": SHAPE,
+    out: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": FP8_SHAPE,
                  "context": CONTEXT}  # fmt: skip
     for q in args.quantizations:
         out[q] = probe(q, args.variants, args.ablate)

@@ -18,6 +18,8 @@ from mathagent.serving.engine.sampling_params import SamplingParams
 # a run's roofline is the card's it ran on. Issue 18 states its goals at the H200's.
 CARD_HBM_BYTES_PER_S = {"H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12}
 DATASHEET_HBM_BYTES_PER_S = CARD_HBM_BYTES_PER_S["H200"]
+# The shape issue 18's FP8 goals are stated for: every FP8 benchmark and sweep measures it.
+FP8_SHAPE = "llama-3-8b"
 
 
 def card_bytes_per_s(name: str | None = None) -> float:
@@ -82,6 +84,19 @@ def cuda_time_ms(fn: Callable[[], object], reps: int) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end))
     return sorted(times)[len(times) // 2]
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, reps: int = 20) -> float:
+    """Milliseconds per replay of a captured step (no host work around it)."""
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
 
 
 @torch.inference_mode()
