@@ -17,14 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import engine_runs
 import httpx
-
-_STATIC = {"MATHAGENT_ENGINE__FP8_ACTIVATION_SCALES": "calibrate"}
-# base -> (dtype, quantization, further engine settings); fp8-static: calibrated static
-# activation scales; fp8-static-head: and the vocabulary head in FP8 (both opt-in settings)
-BASES = {"fp32": ("float32", "none", {}), "bf16": ("bfloat16", "none", {}),
-         "fp8": ("bfloat16", "fp8", {}), "fp8-static": ("bfloat16", "fp8", _STATIC),
-         "fp8-static-head": ("bfloat16", "fp8", {**_STATIC, "MATHAGENT_ENGINE__FP8_HEAD": "true"})}  # fmt: skip
 
 
 @dataclass
@@ -44,20 +38,17 @@ class Row:
     @classmethod
     def parse(cls, name: str, port: int, device: str, drafters: dict[str, str]) -> Row:
         base, _, spec = name.partition("+")
-        if base not in BASES:
-            raise SystemExit(f"row {name!r}: base must be one of {', '.join(BASES)}")
+        if base not in engine_runs.RUNS:
+            raise SystemExit(f"row {name!r}: base must be one of {', '.join(engine_runs.RUNS)}")
         replay = re.fullmatch(r"replay([1-9])", spec)
         if spec and spec not in drafters and spec != "ngram" and not replay:
             raise SystemExit(f"row {name!r}: speculation must be ngram, replayN (acceptance "
                              f"N, replay_server.py) or one of {list(drafters)}")  # fmt: skip
-        dtype, quant, extra = BASES[base]
         method = "none" if not spec or replay else "ngram" if spec == "ngram" else f"{spec}:{drafters[spec]}"  # fmt: skip
         env = {
             "MATHAGENT_ENGINE__DEVICE": device,
-            "MATHAGENT_ENGINE__DTYPE": dtype,
-            "MATHAGENT_ENGINE__QUANTIZATION": quant,
+            **engine_runs.env(base),
             "MATHAGENT_ENGINE__SPECULATIVE": method,
-            **extra,
         }
         return cls(name, env, port, url=f"http://127.0.0.1:{port}")
 

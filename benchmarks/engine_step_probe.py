@@ -34,10 +34,10 @@ import statistics
 import time
 from pathlib import Path
 
+import engine_runs
 import torch
 from fp8_bench import decode_tok_s, prompts
-from fp8_step_probe import engine
-from gpu_common import replay_ms, trace_events
+from gpu_common import FP8_SHAPE, replay_ms, trace_events
 
 from mathagent.serving.engine.sampling_params import SamplingParams
 
@@ -166,7 +166,7 @@ def graph_kernels(graph) -> tuple[str, int]:
 
 
 def probe(run: str) -> dict:
-    eng = engine(run)
+    eng = engine_runs.engine(run, FP8_SHAPE)
     decode_tok_s(eng, 1, 16)  # capture the graph and its tail, warm up
     b1 = decode_tok_s(eng, 1, 256)
     res: dict = {"engine_tok_s": b1["steady_tok_s"], "engine_ms": 1e3 / b1["steady_tok_s"]}

@@ -27,6 +27,7 @@ import time
 import traceback
 from pathlib import Path
 
+import engine_runs
 import fp8_split_sweep
 import torch
 from fp8_gemv_sweep import sweep
@@ -65,14 +66,8 @@ def engine_run(run: str) -> dict:
     ``none`` (bf16), ``fp8`` (per-token activation scales) or ``fp8-static``
     (``fp8_activation_scales=calibrate``: static input scales calibrated at load), ``-head``
     added: the vocabulary head in FP8 too (``fp8_head``)."""
-    quantization, *extras = run.split("-")
-    settings = EngineSettings(device="cuda", quantization=quantization, max_batch_size=16,
-                              max_seq_len=1024, eager=False,
-                              fp8_activation_scales="calibrate" if "static" in extras else "auto",
-                              fp8_head="head" in extras)  # fmt: skip
-    config = EngineConfig.from_settings(settings, f"random:{FP8_SHAPE}")
     t0 = time.perf_counter()
-    engine = LLMEngine(config, model_dir=Path("/tmp"))
+    engine = engine_runs.engine(run, FP8_SHAPE, max_batch_size=16)
     loaded = engine.loaded
     nbytes = read_bytes(loaded.model)
     # the card's own roofline, and the issue's (the H200's 4.8 TB/s) beside it

@@ -19,25 +19,11 @@ import json
 import time
 from pathlib import Path
 
+import engine_runs
 import torch
 from gpu_common import FP8_SHAPE, replay_ms, trace_events
 
-from mathagent.config import EngineSettings
-from mathagent.serving.engine.config import EngineConfig
 from mathagent.serving.engine.cuda import attention, fp8_gemv
-from mathagent.serving.engine.llm_engine import LLMEngine
-
-
-def engine(run: str) -> LLMEngine:
-    """``none``, ``fp8`` or ``fp8-static`` (static input scales calibrated at load), with
-    ``-head``: the vocabulary head in FP8 too."""
-    quantization, *extras = run.split("-")
-    settings = EngineSettings(device="cuda", quantization=quantization, max_batch_size=1,
-                              max_seq_len=1024, eager=False,
-                              fp8_activation_scales="calibrate" if "static" in extras else "auto",
-                              fp8_head="head" in extras)  # fmt: skip
-    config = EngineConfig.from_settings(settings, f"random:{FP8_SHAPE}")
-    return LLMEngine(config, model_dir=Path("/tmp"))
 
 
 @contextlib.contextmanager
@@ -269,7 +255,7 @@ def timeline(events: list[dict], reps: int) -> dict:
 
 def probe(quantization: str, variants: list[str], ablate: bool) -> dict:
     t0 = time.perf_counter()
-    eng = engine(quantization)
+    eng = engine_runs.engine(quantization, FP8_SHAPE)
     graphs = eng.runner.graphs
     fwd = graphs.forward
     res: dict = {"load_s": time.perf_counter() - t0, "whole_ms": graph_ms(graphs)}

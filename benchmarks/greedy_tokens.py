@@ -25,22 +25,13 @@ RUNS = ["smollm2-135m:none", "smollm2-135m:fp8-static-head", "llama-3-8b:none",
 def tokens(run: str, n: int, length: int) -> list[list[int]]:
     """Greedy continuations of ``n`` random prompts, one request at a time (batch 1)."""
     import torch
+    from engine_runs import engine as run_engine
 
-    from mathagent.config import EngineSettings
-    from mathagent.serving.engine.config import EngineConfig
-    from mathagent.serving.engine.llm_engine import LLMEngine
     from mathagent.serving.engine.random_model import RANDOM_SHAPES
     from mathagent.serving.engine.sampling_params import SamplingParams
 
     shape, quantization = run.split(":")
-    kind, *extras = quantization.split("-")
-    settings = EngineSettings(device="cuda", quantization=kind, max_batch_size=1,
-                              max_seq_len=1024, eager=False,
-                              fp8_activation_scales="calibrate" if "static" in extras else "auto",
-                              fp8_head="head" in extras)  # fmt: skip
-    engine = LLMEngine(
-        EngineConfig.from_settings(settings, f"random:{shape}"), model_dir=Path("/tmp")
-    )
+    engine = run_engine(quantization, shape)
     params = SamplingParams(max_tokens=length, temperature=0.0, ignore_eos=True)
     vocab = RANDOM_SHAPES[shape]["vocab_size"]
     gen = torch.Generator().manual_seed(5)
