@@ -62,10 +62,8 @@ def read_bytes(model: torch.nn.Module) -> int:
 
 
 def engine_run(run: str) -> dict:
-    """Batch 1 and 16 through LLMEngine, the decode graphs, and speculation, for one setting:
-    ``none`` (bf16), ``fp8`` (per-token activation scales) or ``fp8-static``
-    (``fp8_activation_scales=calibrate``: static input scales calibrated at load), ``-head``
-    added: the vocabulary head in FP8 too (``fp8_head``)."""
+    """Batch 1 and 16 through LLMEngine, the decode graphs, and speculation, for one run of
+    ``engine_runs.RUNS`` (``none``, ``fp8``, ``fp8-static``, ``fp8-static-head``)."""
     t0 = time.perf_counter()
     engine = engine_runs.engine(run, FP8_SHAPE, max_batch_size=16)
     loaded = engine.loaded
