@@ -2,7 +2,11 @@
 
 Each product (qkv, wo, w13, w2; the head stays bf16) runs over distinct random e4m3 matrices
 (one per layer, cold in L2) inside one CUDA graph, with the prologue / epilogue the decode step
-uses there; a timed product is the row kernel plus the GEMV, as in a step. First the row
+uses there; a timed product is the row kernel plus the GEMV, as in a step of the per-token
+``fp8`` run. The ``fp8-static-head`` run has no row kernel before wo and w2 (their codes come
+from the attention and w13's GLU epilogue) and reads w13's launch from ``GLU_CONFIGS``, which
+this sweep does not fill: time its launch shapes in its own graph (``fp8_step_probe.py
+--quantizations fp8-static-head --variants``; GPU_NOTES.md, run 167's correction). First the row
 kernel alone per warp count, then the GEMV's tiles (``split``: also with K in 2, 4 or 7
 slices, ``Fp8GemvConfig.split``, for the products that are not w13). Every
 candidate is checked against the plain-torch FP8 rule (``fp8_format.reference_linear``); one
