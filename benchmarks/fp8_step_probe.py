@@ -6,7 +6,8 @@ product's input, the attention, the vocabulary head, all layers), and with setti
 GEMV (``--variants``, :func:`variant`). A kernel profile of the whole graph (torch.profiler)
 lists each kernel's count and time. These are probes: an ablated graph computes nothing useful; it
 says what a part costs in place, programmatic-dependent-launch overlap included. The engine's
-own figures (``fp8_bench.py``) are the results.
+own figures (``fp8_bench.py``) are the results. ``combined``: the variants that beat the
+shipped graph (:func:`winners`), one a setting, as ``fp8_bench.py --variant`` takes them.
 
 Run: ``PYTHONPATH=.:benchmarks python3 benchmarks/fp8_step_probe.py --out probe.json``.
 """
@@ -272,9 +273,11 @@ def probe(quantization: str, variants: list[str], ablate: bool) -> dict:
                 stack.enter_context(part())
             res[name + "_ms"] = graph_ms(graphs)
         print(name, round(res[name + "_ms"], 4), flush=True)
-    for spec in variants:
+    for i, spec in enumerate(variants):
         if not quantization.startswith("fp8"):  # the variants set the fp8 GEMV only
             continue
+        if i == len(variants) // 2 and i:  # the shipped graph again, halfway (the drift)
+            res["whole_mid_ms"] = graph_ms(graphs)
         try:
             with variant(spec):
                 res[f"variant {spec}"] = graph_ms(graphs)
@@ -282,6 +285,8 @@ def probe(quantization: str, variants: list[str], ablate: bool) -> dict:
             res[f"variant {spec}"] = repr(exc)[:300]
         print(spec, res[f"variant {spec}"], flush=True)
     res["whole_again_ms"] = graph_ms(graphs)
+    res["winners"] = winners(res)
+    res["combined"] = ";".join(spec for spec, _ in res["winners"].values())
     try:
         res["timeline"] = kernel_timeline(graphs)
     except Exception as exc:  # a profiler without CUPTI: the timings stand alone
@@ -291,6 +296,24 @@ def probe(quantization: str, variants: list[str], ablate: bool) -> dict:
     except Exception as exc:  # a profiler without CUPTI: the timings stand alone
         res["profile"] = repr(exc)[:300]
     return res
+
+
+def winners(res: dict, margin: float = 0.003) -> dict[str, tuple[str, float]]:
+    """The fastest variant of each setting (a launch table's key, or a flag) that beat the
+    shipped graph by more than ``margin`` of it and by more than the spread of the shipped
+    graph's own timings (start, halfway, end): setting -> (variant, ms)."""
+    shipped = [res[k] for k in ("whole_ms", "whole_mid_ms", "whole_again_ms") if k in res]
+    ref, spread = sum(shipped) / len(shipped), max(shipped) - min(shipped)
+    best: dict[str, tuple[str, float]] = {}
+    for key, ms in res.items():
+        if not key.startswith("variant ") or not isinstance(ms, float):
+            continue  # a variant that failed holds its error
+        spec = key.removeprefix("variant ")
+        # cfg=NxK:..., glu=NxK:..., row=K,pro:... name a table key; the others a setting
+        setting = spec.split(":")[0] if spec[:4] in ("cfg=", "glu=", "row=") else spec.split("=")[0]
+        if ms < ref - max(margin * ref, spread) and ms < best.get(setting, ("", ref))[1]:
+            best[setting] = (spec, ms)
+    return best
 
 
 def main() -> None:

@@ -65,3 +65,18 @@ def test_a_variant_sets_its_knobs_for_the_block_and_restores_them():
         assert attention.MERGE_LOADS == 2
     assert rows == fp8_gemv.ROW_WARPS and shapes == fp8_gemv.FP8_GEMV_CONFIGS
     assert loads == attention.MERGE_LOADS
+
+
+def test_winners_beat_the_shipped_graph_by_more_than_its_spread_one_a_setting():
+    res = {"whole_ms": 2.300, "whole_mid_ms": 2.302, "whole_again_ms": 2.298,
+           "variant glu=28672x4096:2,2048,4": 2.25, "variant glu=28672x4096:4,1024,4": 2.27,
+           "variant cfg=4096x14336:16,256,8,2": 2.288, "variant cfg=4096x4096:4,512,4": 2.294,
+           "variant attn=64,64,4": 2.26, "variant attn=32,32,8": 2.24,
+           "variant cfg=6144x4096:8,512,4": "RuntimeError('no compile')"}  # fmt: skip
+    won = fp8_step_probe.winners(res)
+    # w2's 0.5% counts, wo's 0.26% is inside the 0.3% margin; two attention launches, one kept
+    assert won == {"glu=28672x4096": ("glu=28672x4096:2,2048,4", 2.25),
+                   "cfg=4096x14336": ("cfg=4096x14336:16,256,8,2", 2.288),
+                   "attn": ("attn=32,32,8", 2.24)}  # fmt: skip
+    # a shipped graph that drifted by more than a gain leaves that gain out
+    assert "cfg=4096x14336" not in fp8_step_probe.winners({**res, "whole_mid_ms": 2.32})
