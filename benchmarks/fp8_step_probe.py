@@ -309,8 +309,8 @@ def winners(res: dict, margin: float = 0.003) -> dict[str, tuple[str, float]]:
         if not key.startswith("variant ") or not isinstance(ms, float):
             continue  # a variant that failed holds its error
         spec = key.removeprefix("variant ")
-        # cfg=NxK:..., glu=NxK:..., row=K,pro:... name a table key; the others a setting
-        setting = spec.split(":")[0] if spec[:4] in ("cfg=", "glu=", "row=") else spec.split("=")[0]
+        # a table entry (cfg=NxK:..., glu=..., row=K,pro:...) is its key; a flag, its name
+        setting = spec.split(":")[0] if ":" in spec else spec.split("=")[0]
         if ms < ref - max(margin * ref, spread) and ms < best.get(setting, ("", ref))[1]:
             best[setting] = (spec, ms)
     return best
