@@ -7,6 +7,9 @@
 #   .devrun/wheels/      the pure-Python packages the device's image lacks (pydantic, gguf, ...)
 #   .devrun/bench20.jsonl  the agent's rendered prompts for GSM8K test 1-20 (the device has no
 #                        openai package for mathagent.agent)
+#   .devrun/tok, c1.jsonl, c16.jsonl  the default model's tokenizer and the speed table's bench
+#                        sets at concurrency 1 and 16 (GSM8K test 101-108, 109-140), for
+#                        fp8_launch_ab.sh / fp8_record.sh's 8B rows
 # Usage: benchmarks/device/prepare.sh   (from the repository root, after `make setup`)
 set -euo pipefail
 G=${GGUF:-$HOME/.cache/mathagent/models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -35,7 +38,12 @@ for p in $pkgs; do
     --platform manylinux2014_x86_64 -d .devrun/wheels "$p==$v" 2>/dev/null || echo "no wheel: $p"
 done
 head -20 ../shared/datasets/gsm8k_test.jsonl > .devrun/gsm8k20.jsonl
+sed -n 101,108p ../shared/datasets/gsm8k_test.jsonl > .devrun/c1.jsonl
+sed -n 109,140p ../shared/datasets/gsm8k_test.jsonl > .devrun/c16.jsonl
+.venv/bin/python -c "import sys; from transformers import AutoTokenizer
+AutoTokenizer.from_pretrained(sys.argv[1], gguf_file=sys.argv[2]).save_pretrained('.devrun/tok')" \
+  "$(dirname "$G")" "$(basename "$G")" 2>/dev/null
 (cd benchmarks && PYTHONPATH=..:. ../.venv/bin/python gpu_default_model.py --default-model "$G" \
   --drafter ../mathagent/serving/drafters/SmolLM2-135M-Instruct --prompts ../.devrun/gsm8k20.jsonl \
   --default-limit 20 --render-prompts ../.devrun/bench20.jsonl 2>/dev/null)
-du -sh .devrun/gg/* .devrun/wheels .devrun/bench20.jsonl
+du -sh .devrun/gg/* .devrun/wheels .devrun/bench20.jsonl .devrun/tok
