@@ -105,3 +105,22 @@ def test_every_flag_given_is_one_the_script_takes(tmp_path: Path) -> None:
                                capture_output=True, text=True, timeout=120).stdout  # fmt: skip
         for flag in (a for a in call[1:] if a.startswith("--")):
             assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", usage), (script.name, flag)
+
+
+def test_every_variant_of_the_h200_list_applies_and_is_undone() -> None:
+    """A variant the probe cannot parse is a probe that dies on the card; one equal to the
+    shipped launch would spend the card's time on nothing."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    probe = pytest.importorskip("fp8_step_probe")
+    from mathagent.serving.engine.cuda import attention, fp8_gemv
+
+    def state() -> tuple:
+        return (dict(fp8_gemv.FP8_GEMV_CONFIGS), dict(fp8_gemv.GLU_CONFIGS),
+                dict(fp8_gemv.ROW_WARPS), attention._attention)  # fmt: skip
+
+    before = state()
+    lines = (DEVICE / "fp8_launch_variants_h200.txt").read_text().splitlines()
+    for spec in (line for line in lines if line and not line.startswith("#")):
+        with probe.variant(spec):
+            assert state() != before, spec
+        assert state() == before, spec
